@@ -1,0 +1,295 @@
+//! Pipeline configuration, validated at start-up with the offending field named.
+
+use crate::error::ConfigError;
+use crate::retry::RetryPolicy;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Environment variable naming the brokers, used by [`PipelineConfig::bootstrap_from_env`].
+pub const BOOTSTRAP_ENV: &str = "KAFKA_BOOTSTRAP_SERVERS";
+/// Brokers used when [`BOOTSTRAP_ENV`] is unset.
+pub const DEFAULT_BOOTSTRAP: &str = "127.0.0.1:9092";
+
+/// How records of one partition may run concurrently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ordering {
+    /// Records with the same key run one at a time in offset order; different keys run
+    /// concurrently. Records with a null key are ordered by partition.
+    #[default]
+    Key,
+    /// One record at a time per partition, in offset order.
+    Partition,
+    /// Any record may run at any time (still committed only as a contiguous prefix).
+    Unordered,
+}
+
+/// Limits that keep memory flat whatever the backlog (invariant I4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Records handed to processors at the same moment, across all partitions.
+    pub max_concurrency: usize,
+    /// Polled, unfinished records per partition before that partition is paused.
+    pub max_in_flight_per_partition: usize,
+    /// Polled, unfinished records in total before every partition is paused.
+    pub max_in_flight_total: usize,
+    /// Bytes of polled, unfinished records (key + value + headers) before every partition is paused.
+    pub max_buffered_bytes: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            max_concurrency: 256,
+            max_in_flight_per_partition: 2_000,
+            max_in_flight_total: 10_000,
+            max_buffered_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Everything a pipeline needs to run.
+///
+/// Kafka client properties pass through untouched: [`kafka`](Self::kafka) goes to both the consumer and
+/// the producer, [`consumer`](Self::consumer) and [`producer`](Self::producer) to one of them. The few
+/// properties the delivery contract depends on (`enable.auto.commit`, `enable.auto.offset.store`,
+/// `group.id`, `bootstrap.servers`) are owned by Millrace and rejected if set there.
+///
+/// ```
+/// use millrace::{Ordering, PipelineConfig};
+/// use std::time::Duration;
+///
+/// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"])
+///     .ordering(Ordering::Key)
+///     .commit_interval(Duration::from_millis(500))
+///     .consumer_property("session.timeout.ms", "10000");
+/// assert!(config.validate().is_ok());
+///
+/// let bad = PipelineConfig::new("127.0.0.1:9092", "", ["orders"]);
+/// assert_eq!(bad.validate().unwrap_err().field, "group_id");
+/// ```
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// `host:port[,host:port…]` of the brokers.
+    pub bootstrap_servers: String,
+    /// Consumer group id.
+    pub group_id: String,
+    /// Topics to consume.
+    pub topics: Vec<String>,
+    /// Name reported in logs (and, later, DLQ headers). Defaults to the group id.
+    pub name: String,
+    /// Concurrency within a partition.
+    pub ordering: Ordering,
+    /// In-flight limits.
+    pub bounds: Bounds,
+    /// How often the completed prefix is committed (also committed at revoke and shutdown).
+    pub commit_interval: Duration,
+    /// How long a revoke or a shutdown waits for running records before committing what is done.
+    /// Must stay below `max.poll.interval.ms` (and should stay below `session.timeout.ms`).
+    pub drain_timeout: Duration,
+    /// Retries of transient failures.
+    pub retry: RetryPolicy,
+    /// Properties for both the consumer and the producer.
+    pub kafka: BTreeMap<String, String>,
+    /// Consumer-only properties.
+    pub consumer: BTreeMap<String, String>,
+    /// Producer-only properties.
+    pub producer: BTreeMap<String, String>,
+}
+
+const OWNED_PROPERTIES: [&str; 4] = ["enable.auto.commit", "enable.auto.offset.store", "group.id", "bootstrap.servers"];
+
+impl PipelineConfig {
+    /// A configuration with defaults for everything but the brokers, group and topics.
+    pub fn new<T: Into<String>>(
+        bootstrap_servers: impl Into<String>,
+        group_id: impl Into<String>,
+        topics: impl IntoIterator<Item = T>,
+    ) -> Self {
+        let group_id = group_id.into();
+        Self {
+            bootstrap_servers: bootstrap_servers.into(),
+            name: group_id.clone(),
+            group_id,
+            topics: topics.into_iter().map(Into::into).collect(),
+            ordering: Ordering::default(),
+            bounds: Bounds::default(),
+            commit_interval: Duration::from_secs(1),
+            drain_timeout: Duration::from_secs(10),
+            retry: RetryPolicy::default(),
+            kafka: BTreeMap::new(),
+            consumer: BTreeMap::new(),
+            producer: BTreeMap::new(),
+        }
+    }
+
+    /// The brokers from `KAFKA_BOOTSTRAP_SERVERS`, or `127.0.0.1:9092` when unset.
+    pub fn bootstrap_from_env() -> String {
+        std::env::var(BOOTSTRAP_ENV).ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| DEFAULT_BOOTSTRAP.into())
+    }
+
+    /// Sets the ordering mode.
+    pub fn ordering(mut self, ordering: Ordering) -> Self {
+        self.ordering = ordering;
+        self
+    }
+
+    /// Sets the in-flight bounds.
+    pub fn bounds(mut self, bounds: Bounds) -> Self {
+        self.bounds = bounds;
+        self
+    }
+
+    /// Sets the name used in logs.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Sets the commit interval.
+    pub fn commit_interval(mut self, interval: Duration) -> Self {
+        self.commit_interval = interval;
+        self
+    }
+
+    /// Sets the drain deadline for revokes and shutdown.
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// Sets the retry policy for transient failures.
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Adds a Kafka property for both clients.
+    pub fn kafka_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.kafka.insert(key.into(), value.into());
+        self
+    }
+
+    /// Adds a consumer property.
+    pub fn consumer_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.consumer.insert(key.into(), value.into());
+        self
+    }
+
+    /// Adds a producer property.
+    pub fn producer_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.producer.insert(key.into(), value.into());
+        self
+    }
+
+    /// Checks every field; the error names the first one that cannot work. Kafka property names and
+    /// values are checked again by librdkafka when the clients are created, which also names them.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.bootstrap_servers.trim().is_empty() {
+            return Err(ConfigError::new("bootstrap_servers", "must name at least one broker (host:port)"));
+        }
+        if self.group_id.trim().is_empty() {
+            return Err(ConfigError::new("group_id", "must not be empty"));
+        }
+        if self.topics.is_empty() {
+            return Err(ConfigError::new("topics", "must name at least one topic"));
+        }
+        if let Some(t) = self.topics.iter().find(|t| !valid_topic_name(t)) {
+            return Err(ConfigError::new(
+                "topics",
+                format!("{t:?} is not a valid topic name (1-249 of [a-zA-Z0-9._-])"),
+            ));
+        }
+        let b = &self.bounds;
+        for (field, v) in [
+            ("bounds.max_concurrency", b.max_concurrency),
+            ("bounds.max_in_flight_per_partition", b.max_in_flight_per_partition),
+            ("bounds.max_in_flight_total", b.max_in_flight_total),
+            ("bounds.max_buffered_bytes", b.max_buffered_bytes),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::new(field, "must be at least 1"));
+            }
+        }
+        if b.max_in_flight_per_partition > b.max_in_flight_total {
+            return Err(ConfigError::new(
+                "bounds.max_in_flight_per_partition",
+                format!(
+                    "{} exceeds bounds.max_in_flight_total ({})",
+                    b.max_in_flight_per_partition, b.max_in_flight_total
+                ),
+            ));
+        }
+        if self.commit_interval.is_zero() {
+            return Err(ConfigError::new("commit_interval", "must be above zero"));
+        }
+        self.retry.validate()?;
+        for (map, prefix) in [(&self.kafka, "kafka"), (&self.consumer, "consumer"), (&self.producer, "producer")] {
+            if let Some(k) = map.keys().find(|k| OWNED_PROPERTIES.contains(&k.as_str())) {
+                return Err(ConfigError::new(
+                    format!("{prefix}.{k}"),
+                    "is managed by Millrace (offsets are committed only after effects); set the config field instead",
+                ));
+            }
+        }
+        let max_poll = self.consumer_ms("max.poll.interval.ms", 300_000)?;
+        if self.drain_timeout.as_millis() as u64 >= max_poll {
+            return Err(ConfigError::new(
+                "drain_timeout",
+                format!("{:?} must be below max.poll.interval.ms ({max_poll} ms)", self.drain_timeout),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A consumer property in milliseconds, as librdkafka will see it.
+    fn consumer_ms(&self, key: &str, default: u64) -> Result<u64, ConfigError> {
+        match self.consumer.get(key).or_else(|| self.kafka.get(key)) {
+            None => Ok(default),
+            Some(v) => {
+                v.trim().parse().map_err(|_| ConfigError::new(key, format!("{v:?} is not a number of milliseconds")))
+            }
+        }
+    }
+}
+
+fn valid_topic_name(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 249
+        && t != "."
+        && t != ".."
+        && t.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok() -> PipelineConfig {
+        PipelineConfig::new("localhost:9092", "g", ["t"])
+    }
+
+    #[test]
+    fn names_the_field_at_fault() {
+        let cases: Vec<(PipelineConfig, &str)> = vec![
+            (PipelineConfig::new(" ", "g", ["t"]), "bootstrap_servers"),
+            (PipelineConfig::new("b:1", "g", Vec::<String>::new()), "topics"),
+            (PipelineConfig::new("b:1", "g", ["bad topic!"]), "topics"),
+            (ok().bounds(Bounds { max_concurrency: 0, ..Bounds::default() }), "bounds.max_concurrency"),
+            (
+                ok().bounds(Bounds { max_in_flight_per_partition: 20, max_in_flight_total: 10, ..Bounds::default() }),
+                "bounds.max_in_flight_per_partition",
+            ),
+            (ok().commit_interval(Duration::ZERO), "commit_interval"),
+            (ok().consumer_property("enable.auto.commit", "true"), "consumer.enable.auto.commit"),
+            (ok().consumer_property("max.poll.interval.ms", "soon"), "max.poll.interval.ms"),
+            (
+                ok().consumer_property("max.poll.interval.ms", "5000").drain_timeout(Duration::from_secs(10)),
+                "drain_timeout",
+            ),
+        ];
+        for (config, field) in cases {
+            assert_eq!(config.validate().unwrap_err().field, field, "{config:?}");
+        }
+        assert!(ok().validate().is_ok());
+    }
+}

@@ -1,0 +1,98 @@
+//! What a processor can see and do besides its record: the attempt number, output emission whose
+//! acknowledgement gates the record's completion, and the shutdown signal.
+
+use crate::error::EmitError;
+use crate::record::OutputRecord;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Per-attempt context handed to [`Processor::process`](crate::Processor::process).
+///
+/// Outputs emitted with [`emit`](Self::emit) are queued to the producer at once; the record is
+/// completed (and its offset becomes committable) only after the broker has acknowledged every one
+/// of them. An unacknowledged output fails the attempt as a transient error, so the record is
+/// retried: at-least-once, never lost.
+pub struct Context {
+    attempt: u32,
+    epoch: u64,
+    producer: FutureProducer,
+    shutdown: CancellationToken,
+    pending: Mutex<Vec<(String, DeliveryFuture)>>,
+}
+
+impl Context {
+    pub(crate) fn new(attempt: u32, epoch: u64, producer: FutureProducer, shutdown: CancellationToken) -> Self {
+        Self { attempt, epoch, producer, shutdown, pending: Mutex::new(Vec::new()) }
+    }
+
+    /// 1 on the first attempt, 2 on the first retry, and so on.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The assignment epoch of the record's partition: it changes every time this member is (re)assigned
+    /// the partition, so work from an earlier assignment can be told apart.
+    pub fn assignment_epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// True once the pipeline is shutting down; long handlers may stop early and return a transient
+    /// error (the record is then not committed and will be redelivered).
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+
+    /// Resolves when the pipeline starts shutting down (for `tokio::select!`).
+    pub async fn shutdown_signal(&self) {
+        self.shutdown.cancelled().await
+    }
+
+    /// Queues `record` to the producer. Returns once it is queued (waiting while the producer's queue
+    /// is full); its broker acknowledgement is awaited before the input record completes.
+    pub async fn emit(&self, record: OutputRecord) -> Result<(), EmitError> {
+        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
+        for h in record.headers.iter() {
+            headers = headers.insert(KafkaHeader { key: &h.name, value: h.value.as_deref() });
+        }
+        loop {
+            let mut fr: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&record.topic).headers(headers.clone());
+            if let Some(k) = record.key.as_deref() {
+                fr = fr.key(k);
+            }
+            if let Some(v) = record.value.as_deref() {
+                fr = fr.payload(v);
+            }
+            if let Some(p) = record.partition {
+                fr = fr.partition(p);
+            }
+            match self.producer.send_result(fr) {
+                Ok(delivery) => {
+                    self.pending.lock().expect("pending outputs lock").push((record.topic, delivery));
+                    return Ok(());
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    // librdkafka's queue is full: wait for deliveries to drain it.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err((source, _)) => return Err(EmitError::NotAcknowledged { topic: record.topic, source }),
+            }
+        }
+    }
+
+    /// Awaits the acknowledgement of every emitted output.
+    pub(crate) async fn acknowledged(self) -> Result<(), EmitError> {
+        let pending = self.pending.into_inner().expect("pending outputs lock");
+        for (topic, delivery) in pending {
+            match delivery.await {
+                Ok(Ok(_)) => {}
+                Ok(Err((source, _))) => return Err(EmitError::NotAcknowledged { topic, source }),
+                Err(_) => return Err(EmitError::Canceled { topic }),
+            }
+        }
+        Ok(())
+    }
+}

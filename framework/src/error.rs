@@ -1,0 +1,144 @@
+//! Typed errors: what a processor returns ([`ProcessError`]) and what the runtime returns ([`Error`]).
+
+use std::fmt;
+
+/// Boxed error from user code or another crate.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Whether retrying a failed record can help.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// Timeouts, 5xx, throttling, a lost connection: retried with backoff.
+    Transient,
+    /// Validation errors, malformed payloads, a panic: retrying cannot help.
+    Permanent,
+}
+
+impl fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FailureKind::Transient => "transient",
+            FailureKind::Permanent => "permanent",
+        })
+    }
+}
+
+/// The error a [`Processor`](crate::Processor) returns for one record, classified as transient or
+/// permanent.
+///
+/// ```
+/// use millrace::{FailureKind, ProcessError};
+///
+/// let e = ProcessError::transient(std::io::Error::other("upstream timed out"));
+/// assert_eq!(e.kind(), FailureKind::Transient);
+/// let e = ProcessError::permanent("order id missing");
+/// assert!(!e.is_transient());
+/// assert_eq!(e.to_string(), "permanent: order id missing");
+/// ```
+#[derive(Debug)]
+pub struct ProcessError {
+    kind: FailureKind,
+    source: BoxError,
+}
+
+impl ProcessError {
+    /// A failure worth retrying.
+    pub fn transient(source: impl Into<BoxError>) -> Self {
+        Self::new(FailureKind::Transient, source)
+    }
+
+    /// A failure retrying cannot fix.
+    pub fn permanent(source: impl Into<BoxError>) -> Self {
+        Self::new(FailureKind::Permanent, source)
+    }
+
+    /// A failure of the given kind.
+    pub fn new(kind: FailureKind, source: impl Into<BoxError>) -> Self {
+        Self { kind, source: source.into() }
+    }
+
+    /// Transient or permanent.
+    pub fn kind(&self) -> FailureKind {
+        self.kind
+    }
+
+    /// Whether the retry policy may try again.
+    pub fn is_transient(&self) -> bool {
+        self.kind == FailureKind::Transient
+    }
+
+    /// The underlying error.
+    pub fn source_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.source
+    }
+}
+
+impl fmt::Display for ProcessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.source)
+    }
+}
+
+impl std::error::Error for ProcessError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// Emitting an output record failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EmitError {
+    /// The broker did not acknowledge the record (after the producer's own retries).
+    #[error("output to {topic} not acknowledged: {source}")]
+    NotAcknowledged {
+        /// Destination topic.
+        topic: String,
+        /// The producer's error.
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+    /// The producer was shut down before the delivery report arrived.
+    #[error("producer closed before the output to {topic} was acknowledged")]
+    Canceled {
+        /// Destination topic.
+        topic: String,
+    },
+}
+
+impl From<EmitError> for ProcessError {
+    /// An unacknowledged output is transient: the record is retried (at-least-once).
+    fn from(e: EmitError) -> Self {
+        ProcessError::transient(e)
+    }
+}
+
+/// A configuration value that cannot work, named by its field.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: `{field}`: {reason}")]
+pub struct ConfigError {
+    /// The field (or Kafka property) at fault.
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self { field: field.into(), reason: reason.into() }
+    }
+}
+
+/// Why a pipeline could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration was rejected at start-up.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A Kafka client could not be created or failed fatally (authorization, fencing, a fatal
+    /// librdkafka error).
+    #[error("fatal Kafka error: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// The runtime's own threads failed.
+    #[error("runtime failure: {0}")]
+    Runtime(String),
+}

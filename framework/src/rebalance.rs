@@ -1,0 +1,187 @@
+//! Consumer-group callbacks: what happens when partitions are assigned, revoked or lost.
+//!
+//! Revoke (I2, I5): stop handing out the revoked partitions' queued records, wait for the running
+//! ones until the drain deadline, commit the completed prefix synchronously, and only then let
+//! librdkafka release them. Lost partitions (session expired) are dropped without a commit: another
+//! member owns them already. Assign: a fresh [`PartitionHandle`] with a new epoch per partition.
+
+use crate::partition::PartitionHandle;
+use crate::stats::Stats;
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The partitions this member owns now, by topic and partition.
+#[derive(Debug, Default)]
+pub(crate) struct Assignments {
+    by_topic: HashMap<Arc<str>, HashMap<i32, Arc<PartitionHandle>>>,
+    next_epoch: u64,
+}
+
+impl Assignments {
+    pub(crate) fn get(&self, topic: &str, partition: i32) -> Option<&Arc<PartitionHandle>> {
+        self.by_topic.get(topic)?.get(&partition)
+    }
+
+    pub(crate) fn handles(&self) -> impl Iterator<Item = &Arc<PartitionHandle>> {
+        self.by_topic.values().flat_map(HashMap::values)
+    }
+
+    fn insert(&mut self, topic: &str, partition: i32) {
+        self.next_epoch += 1;
+        let topic: Arc<str> = self.by_topic.get_key_value(topic).map_or_else(|| topic.into(), |(k, _)| k.clone());
+        let handle = Arc::new(PartitionHandle::new(topic.clone(), partition, self.next_epoch));
+        self.by_topic.entry(topic).or_default().insert(partition, handle);
+    }
+
+    fn remove(&mut self, topic: &str, partition: i32) -> Option<Arc<PartitionHandle>> {
+        let parts = self.by_topic.get_mut(topic)?;
+        let handle = parts.remove(&partition);
+        if parts.is_empty() {
+            self.by_topic.remove(topic);
+        }
+        handle
+    }
+
+    pub(crate) fn drain_all(&mut self) -> Vec<Arc<PartitionHandle>> {
+        self.by_topic.drain().flat_map(|(_, parts)| parts.into_values()).collect()
+    }
+}
+
+/// The consumer's context: rebalance hooks, commit results and librdkafka's logs and errors.
+pub(crate) struct Hooks {
+    pub(crate) assignments: Arc<Mutex<Assignments>>,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) drain_timeout: Duration,
+    pub(crate) name: String,
+    /// Set when an async commit failed, so the next tick commits again.
+    pub(crate) recommit: AtomicBool,
+    /// A fatal error reported by librdkafka; the poll loop stops on it.
+    pub(crate) fatal: Mutex<Option<KafkaError>>,
+}
+
+impl Hooks {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Assignments> {
+        self.assignments.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn revoke(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
+        let lost = consumer.assignment_lost();
+        let handles: Vec<_> = {
+            let mut a = self.lock();
+            tpl.elements().iter().filter_map(|e| a.remove(e.topic(), e.partition())).collect()
+        };
+        let mut discarded = 0;
+        for h in &handles {
+            discarded += h.revoke(&self.stats);
+        }
+        self.stats.discarded_on_revoke.fetch_add(discarded as u64, Relaxed);
+        self.stats.revocations.fetch_add(handles.len() as u64, Relaxed);
+        self.stats.assigned_partitions.fetch_sub(handles.len() as u64, Relaxed);
+        let paused = handles.iter().filter(|h| h.is_paused()).count() as u64;
+        self.stats.paused_partitions.fetch_sub(paused, Relaxed);
+        if lost {
+            tracing::warn!(pipeline = %self.name, partitions = handles.len(), "partitions lost; not committing (another member owns them)");
+            return;
+        }
+        let deadline = Instant::now() + self.drain_timeout;
+        let mut commit = TopicPartitionList::new();
+        for h in &handles {
+            if !h.wait_idle(deadline) {
+                tracing::warn!(pipeline = %self.name, topic = %h.topic, partition = h.partition,
+                    "drain deadline passed on revoke; committing only the completed prefix");
+            }
+            if let Some(offset) = h.committable() {
+                let _ = commit.add_partition_offset(&h.topic, h.partition, Offset::Offset(offset));
+            }
+        }
+        tracing::info!(pipeline = %self.name, revoked = handles.len(), discarded, "partitions revoked");
+        commit_now(consumer, &commit, CommitMode::Sync, &self.stats);
+    }
+
+    fn assign(&self, tpl: &TopicPartitionList) {
+        let mut a = self.lock();
+        for e in tpl.elements() {
+            a.insert(e.topic(), e.partition());
+        }
+        let n = tpl.count() as u64;
+        self.stats.assignments.fetch_add(n, Relaxed);
+        self.stats.assigned_partitions.fetch_add(n, Relaxed);
+        tracing::info!(pipeline = %self.name, assigned = n, "partitions assigned");
+    }
+}
+
+/// Commits `tpl` (if not empty), counting the outcome.
+pub(crate) fn commit_now(
+    consumer: &BaseConsumer<Hooks>,
+    tpl: &TopicPartitionList,
+    mode: CommitMode,
+    stats: &Stats,
+) -> bool {
+    if tpl.count() == 0 {
+        return true;
+    }
+    Stats::bump(&stats.commits);
+    match consumer.commit(tpl, mode) {
+        Ok(()) => true,
+        Err(e) => {
+            Stats::bump(&stats.commit_failures);
+            tracing::warn!(error = %e, "offset commit failed; it will be retried");
+            false
+        }
+    }
+}
+
+impl ClientContext for Hooks {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+                tracing::error!(target: "librdkafka", fac, "{log_message}")
+            }
+            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", fac, "{log_message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(target: "librdkafka", fac, "{log_message}")
+            }
+            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", fac, "{log_message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if crate::pipeline::is_fatal(&error) {
+            tracing::error!(pipeline = %self.name, %error, reason, "fatal Kafka error");
+            self.fatal.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(error);
+        } else {
+            tracing::warn!(pipeline = %self.name, %error, reason, "Kafka client error (retrying)");
+        }
+    }
+}
+
+impl ConsumerContext for Hooks {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(tpl) => self.revoke(consumer, tpl),
+            Rebalance::Assign(_) => {}
+            Rebalance::Error(e) => tracing::warn!(pipeline = %self.name, error = %e, "rebalance error"),
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            self.assign(tpl);
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        if let Err(e) = result {
+            Stats::bump(&self.stats.commit_failures);
+            self.recommit.store(true, Relaxed);
+            tracing::warn!(pipeline = %self.name, error = %e, "async offset commit failed; will commit again");
+        }
+    }
+}

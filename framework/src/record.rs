@@ -1,0 +1,165 @@
+//! Records: what a processor receives ([`Record`]) and what it emits ([`OutputRecord`]).
+
+use rdkafka::Message;
+use rdkafka::message::{BorrowedMessage, Headers as _};
+use std::sync::Arc;
+
+/// One header: a name and an optional value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// Header name.
+    pub name: String,
+    /// Header value; `None` for a null header.
+    pub value: Option<Vec<u8>>,
+}
+
+/// The ordered headers of a record (names may repeat, as in Kafka).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Headers(pub Vec<Header>);
+
+impl Headers {
+    /// The value of the last header called `name`, if any.
+    ///
+    /// ```
+    /// use millrace::record::{Header, Headers};
+    /// let h = Headers(vec![Header { name: "trace".into(), value: Some(b"abc".to_vec()) }]);
+    /// assert_eq!(h.get("trace"), Some(&b"abc"[..]));
+    /// assert_eq!(h.get("nope"), None);
+    /// ```
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.0.iter().rev().find(|h| h.name == name).and_then(|h| h.value.as_deref())
+    }
+
+    /// Appends a header.
+    pub fn push(&mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) {
+        self.0.push(Header { name: name.into(), value: Some(value.into()) });
+    }
+
+    /// Iterates over the headers in order.
+    pub fn iter(&self) -> impl Iterator<Item = &Header> {
+        self.0.iter()
+    }
+
+    /// Number of headers.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are no headers.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn byte_len(&self) -> usize {
+        self.0.iter().map(|h| h.name.len() + h.value.as_ref().map_or(0, Vec::len)).sum()
+    }
+}
+
+/// An input record, owned, as handed to a [`Processor`](crate::Processor).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Source topic.
+    pub topic: Arc<str>,
+    /// Source partition.
+    pub partition: i32,
+    /// Offset in the source partition.
+    pub offset: i64,
+    /// Timestamp in milliseconds since the epoch, when the broker reports one.
+    pub timestamp: Option<i64>,
+    /// Key bytes; `None` for a null key.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes; `None` for a null value (a tombstone).
+    pub value: Option<Vec<u8>>,
+    /// Headers in order.
+    pub headers: Headers,
+}
+
+impl Record {
+    /// Copies a polled message out of the consumer's buffers.
+    pub(crate) fn from_message(msg: &BorrowedMessage<'_>, topic: Arc<str>) -> Self {
+        let headers = msg
+            .headers()
+            .map(|hs| {
+                Headers(
+                    hs.iter().map(|h| Header { name: h.key.to_owned(), value: h.value.map(<[u8]>::to_vec) }).collect(),
+                )
+            })
+            .unwrap_or_default();
+        Record {
+            topic,
+            partition: msg.partition(),
+            offset: msg.offset(),
+            timestamp: msg.timestamp().to_millis(),
+            key: msg.key().map(<[u8]>::to_vec),
+            value: msg.payload().map(<[u8]>::to_vec),
+            headers,
+        }
+    }
+
+    /// The value as UTF-8 text, if it is present and valid.
+    pub fn value_str(&self) -> Option<&str> {
+        self.value.as_deref().and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// The key as UTF-8 text, if it is present and valid.
+    pub fn key_str(&self) -> Option<&str> {
+        self.key.as_deref().and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// Bytes this record holds (key, value, headers), for the buffered-bytes bound.
+    pub fn byte_len(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len) + self.value.as_ref().map_or(0, Vec::len) + self.headers.byte_len()
+    }
+}
+
+/// A record to emit to another topic from a processor, through [`Context::emit`](crate::Context::emit).
+///
+/// ```
+/// use millrace::OutputRecord;
+/// let out = OutputRecord::to("payments").key("order-7").value(r#"{"amount":12}"#).header("source", "orders");
+/// assert_eq!(out.topic, "payments");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputRecord {
+    /// Destination topic.
+    pub topic: String,
+    /// Destination partition; `None` lets the producer's partitioner choose by key.
+    pub partition: Option<i32>,
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes.
+    pub value: Option<Vec<u8>>,
+    /// Headers.
+    pub headers: Headers,
+}
+
+impl OutputRecord {
+    /// A record for `topic` with no key, value or headers yet.
+    pub fn to(topic: impl Into<String>) -> Self {
+        Self { topic: topic.into(), partition: None, key: None, value: None, headers: Headers::default() }
+    }
+
+    /// Sets the key.
+    pub fn key(mut self, key: impl Into<Vec<u8>>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Sets the value.
+    pub fn value(mut self, value: impl Into<Vec<u8>>) -> Self {
+        self.value = Some(value.into());
+        self
+    }
+
+    /// Adds a header.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        self.headers.push(name, value);
+        self
+    }
+
+    /// Pins the destination partition.
+    pub fn partition(mut self, partition: i32) -> Self {
+        self.partition = Some(partition);
+        self
+    }
+}

@@ -1,0 +1,109 @@
+//! Live counters of a pipeline, readable while it runs (for tests, health checks and metrics export).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Counters and gauges of one pipeline. Read them with [`Stats::snapshot`].
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub(crate) polled: AtomicU64,
+    pub(crate) processed: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) retries: AtomicU64,
+    pub(crate) panics: AtomicU64,
+    pub(crate) in_flight: AtomicU64,
+    pub(crate) in_flight_peak: AtomicU64,
+    pub(crate) buffered_bytes: AtomicU64,
+    pub(crate) running: AtomicU64,
+    pub(crate) running_peak: AtomicU64,
+    pub(crate) assigned_partitions: AtomicU64,
+    pub(crate) paused_partitions: AtomicU64,
+    pub(crate) assignments: AtomicU64,
+    pub(crate) revocations: AtomicU64,
+    pub(crate) commits: AtomicU64,
+    pub(crate) commit_failures: AtomicU64,
+    pub(crate) discarded_on_revoke: AtomicU64,
+}
+
+/// A point-in-time copy of [`Stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Records polled and dispatched.
+    pub polled: u64,
+    /// Records whose processing succeeded (outputs acknowledged).
+    pub processed: u64,
+    /// Records that failed permanently or exhausted their retries.
+    pub failed: u64,
+    /// Retries scheduled after transient failures.
+    pub retries: u64,
+    /// Processor panics caught.
+    pub panics: u64,
+    /// Polled records not yet finished (queued in lanes or running).
+    pub in_flight: u64,
+    /// Highest `in_flight` seen.
+    pub in_flight_peak: u64,
+    /// Bytes of the in-flight records.
+    pub buffered_bytes: u64,
+    /// Records inside the processor right now.
+    pub running: u64,
+    /// Highest `running` seen.
+    pub running_peak: u64,
+    /// Partitions owned now.
+    pub assigned_partitions: u64,
+    /// Partitions paused by backpressure now.
+    pub paused_partitions: u64,
+    /// Partitions ever assigned to this member.
+    pub assignments: u64,
+    /// Partitions ever revoked from this member.
+    pub revocations: u64,
+    /// Offset commits issued.
+    pub commits: u64,
+    /// Offset commits the broker refused or that timed out.
+    pub commit_failures: u64,
+    /// Queued records dropped (uncommitted, to be redelivered) because their partition was revoked.
+    pub discarded_on_revoke: u64,
+}
+
+impl Stats {
+    /// Copies every counter.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            polled: self.polled.load(Relaxed),
+            processed: self.processed.load(Relaxed),
+            failed: self.failed.load(Relaxed),
+            retries: self.retries.load(Relaxed),
+            panics: self.panics.load(Relaxed),
+            in_flight: self.in_flight.load(Relaxed),
+            in_flight_peak: self.in_flight_peak.load(Relaxed),
+            buffered_bytes: self.buffered_bytes.load(Relaxed),
+            running: self.running.load(Relaxed),
+            running_peak: self.running_peak.load(Relaxed),
+            assigned_partitions: self.assigned_partitions.load(Relaxed),
+            paused_partitions: self.paused_partitions.load(Relaxed),
+            assignments: self.assignments.load(Relaxed),
+            revocations: self.revocations.load(Relaxed),
+            commits: self.commits.load(Relaxed),
+            commit_failures: self.commit_failures.load(Relaxed),
+            discarded_on_revoke: self.discarded_on_revoke.load(Relaxed),
+        }
+    }
+
+    pub(crate) fn add_in_flight(&self, records: u64, bytes: u64) {
+        let now = self.in_flight.fetch_add(records, Relaxed) + records;
+        self.in_flight_peak.fetch_max(now, Relaxed);
+        self.buffered_bytes.fetch_add(bytes, Relaxed);
+    }
+
+    pub(crate) fn sub_in_flight(&self, records: u64, bytes: u64) {
+        self.in_flight.fetch_sub(records, Relaxed);
+        self.buffered_bytes.fetch_sub(bytes, Relaxed);
+    }
+
+    pub(crate) fn started(&self) {
+        let now = self.running.fetch_add(1, Relaxed) + 1;
+        self.running_peak.fetch_max(now, Relaxed);
+    }
+
+    pub(crate) fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Relaxed);
+    }
+}
