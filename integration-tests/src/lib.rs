@@ -1,1 +1,280 @@
-//! stub
+//! Shared helpers for Millrace's integration tests, which run against a real Kafka broker
+//! (`scripts/kafka up`; address from `KAFKA_BOOTSTRAP_SERVERS`, default `127.0.0.1:9092`).
+//!
+//! Every test uses its own topics and groups ([`unique`]), so tests never see each other's data.
+//! The `millrace-it-worker` binary beside this library is the pipeline the crash tests kill.
+
+use anyhow::{Context as _, Result, bail};
+use millrace::PipelineConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The broker address for tests.
+pub fn bootstrap() -> String {
+    PipelineConfig::bootstrap_from_env()
+}
+
+/// A name no other test run uses: `prefix-<pid>-<random>`.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}-{:08x}", std::process::id(), rand::random::<u32>())
+}
+
+/// Installs a log subscriber once (RUST_LOG controls it; warnings by default).
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn,librdkafka=error".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+fn admin() -> Result<AdminClient<DefaultClientContext>> {
+    Ok(ClientConfig::new().set("bootstrap.servers", bootstrap()).create()?)
+}
+
+/// Creates a topic with `partitions` partitions (replication 1) and waits until its metadata is visible.
+pub async fn create_topic(name: &str, partitions: i32) -> Result<()> {
+    create_topic_with(name, partitions, &[]).await
+}
+
+/// Creates a topic with extra topic configs.
+pub async fn create_topic_with(name: &str, partitions: i32, configs: &[(&str, &str)]) -> Result<()> {
+    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    for (k, v) in configs {
+        topic = topic.set(k, v);
+    }
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for result in admin()?.create_topics([&topic], &opts).await? {
+        result.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
+    }
+    let consumer = plain_consumer(None)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let md = consumer.fetch_metadata(Some(name), Duration::from_secs(5))?;
+        if md.topics().first().is_some_and(|t| t.error().is_none() && t.partitions().len() == partitions as usize) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("topic {name} not visible after creation");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn plain_consumer(group: Option<&str>) -> Result<BaseConsumer> {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap()).set("enable.auto.commit", "false");
+    if let Some(g) = group {
+        c.set("group.id", g);
+    }
+    Ok(c.create()?)
+}
+
+/// One record a test wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Written {
+    /// Partition it landed in.
+    pub partition: i32,
+    /// Its offset.
+    pub offset: i64,
+    /// Its key.
+    pub key: String,
+}
+
+/// Produces `(key, value)` pairs to `topic` (partitioned by key) and returns where each landed.
+pub async fn produce(topic: &str, records: impl IntoIterator<Item = (String, Vec<u8>)>) -> Result<Vec<Written>> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("linger.ms", "10")
+        .set("enable.idempotence", "true")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    let mut pending = Vec::new();
+    for (key, value) in records {
+        let delivery = producer
+            .send_result(FutureRecord::to(topic).key(key.as_bytes()).payload(&value))
+            .map_err(|(e, _)| anyhow::anyhow!("enqueue failed: {e}"))?;
+        pending.push((key, delivery));
+    }
+    let mut written = Vec::with_capacity(pending.len());
+    for (key, delivery) in pending {
+        let (partition, offset) = match delivery.await? {
+            Ok(d) => (d.partition, d.offset),
+            Err((e, _)) => bail!("delivery failed: {e}"),
+        };
+        written.push(Written { partition, offset, key });
+    }
+    Ok(written)
+}
+
+/// `n` records with keys `key-0 … key-(keys-1)` round-robin and values `value-i`.
+pub fn keyed_records(n: usize, keys: usize) -> impl Iterator<Item = (String, Vec<u8>)> {
+    (0..n).map(move |i| (format!("key-{}", i % keys), format!("value-{i}").into_bytes()))
+}
+
+/// The group's committed offset per partition of `topic` (partitions without a commit are absent).
+pub fn committed_offsets(group: &str, topic: &str, partitions: i32) -> Result<BTreeMap<i32, i64>> {
+    let consumer = plain_consumer(Some(group))?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let committed = consumer.committed_offsets(tpl, Duration::from_secs(10))?;
+    Ok(committed
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The high watermark (end offset) per partition.
+pub fn end_offsets(topic: &str, partitions: i32) -> Result<BTreeMap<i32, i64>> {
+    let consumer = plain_consumer(None)?;
+    (0..partitions)
+        .map(|p| Ok((p, consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?.1)))
+        .collect()
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or fails after `timeout` with `what` (used only
+/// for state outside this process, such as a child's journal or the group's committed offsets).
+pub async fn eventually<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check()? {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One line of a worker's journal: a record the processor handled (its effect).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalEntry {
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Key.
+    pub key: String,
+    /// Assignment epoch the record was processed under.
+    pub epoch: u64,
+}
+
+/// Reads a journal file written by `millrace-it-worker` (missing file = empty). A torn last line
+/// (the writer was killed mid-write) is ignored.
+pub fn read_journal(path: &Path) -> Result<Vec<JournalEntry>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split(' ');
+            Some(JournalEntry {
+                partition: f.next()?.parse().ok()?,
+                offset: f.next()?.parse().ok()?,
+                key: f.next()?.to_owned(),
+                epoch: f.next()?.parse().ok()?,
+            })
+        })
+        .collect())
+}
+
+/// Distinct `(partition, offset)` pairs of a journal.
+pub fn distinct(entries: &[JournalEntry]) -> BTreeSet<(i32, i64)> {
+    entries.iter().map(|e| (e.partition, e.offset)).collect()
+}
+
+/// For each partition, the first offset (from 0) that is not in `seen`: the end of the processed prefix.
+pub fn processed_prefix(seen: &BTreeSet<(i32, i64)>, partitions: i32) -> BTreeMap<i32, i64> {
+    (0..partitions)
+        .map(|p| {
+            let mut next = 0;
+            while seen.contains(&(p, next)) {
+                next += 1;
+            }
+            (p, next)
+        })
+        .collect()
+}
+
+/// Checks I2 on a snapshot: no committed offset passes a record that was not processed. Returns how many
+/// records the commits cover.
+pub fn assert_commits_cover_only_processed(
+    committed: &BTreeMap<i32, i64>,
+    seen: &BTreeSet<(i32, i64)>,
+    partitions: i32,
+) -> Result<i64> {
+    let prefix = processed_prefix(seen, partitions);
+    let mut covered = 0;
+    for (p, c) in committed {
+        if *c > prefix[p] {
+            bail!("partition {p}: committed offset {c} passes unprocessed offset {}", prefix[p]);
+        }
+        covered += c;
+    }
+    Ok(covered)
+}
+
+/// Per key, the offsets in the order the processor saw them must strictly increase (I3). `group_by`
+/// picks what one ordered stream is (e.g. per key, or per key and owner epoch).
+pub fn assert_key_order<G: std::hash::Hash + Eq + std::fmt::Debug>(
+    entries: &[JournalEntry],
+    group_by: impl Fn(&JournalEntry) -> G,
+) -> Result<()> {
+    let mut last: HashMap<G, i64> = HashMap::new();
+    for e in entries {
+        let g = group_by(e);
+        if let Some(prev) = last.get(&g) {
+            if *prev >= e.offset {
+                bail!("order broken for {g:?}: offset {} handled after {prev}", e.offset);
+            }
+        }
+        last.insert(g, e.offset);
+    }
+    Ok(())
+}
+
+/// Resident and peak resident memory of a process, in KiB, from `/proc/<pid>/status`.
+pub fn rss_kib(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status.lines().find(|l| l.starts_with(name))?.split_whitespace().nth(1)?.parse::<u64>().ok()
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// Sends `signal` to a child process.
+pub fn signal(child: &std::process::Child, signal: i32) -> Result<()> {
+    let rc = kill(child.id() as i32, signal);
+    if rc != 0 {
+        bail!("kill({}, {signal}) failed: {}", child.id(), std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[allow(unsafe_code)]
+fn kill(pid: i32, sig: i32) -> i32 {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(pid, sig) }
+}
+
+/// Waits for a child to exit, up to `timeout`; returns its status.
+pub async fn wait_exit(child: &mut std::process::Child, timeout: Duration) -> Result<std::process::ExitStatus> {
+    eventually("the child to exit", timeout, || Ok(child.try_wait()?)).await
+}
