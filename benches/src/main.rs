@@ -1,1 +1,55 @@
-fn main() {}
+//! `millrace-bench`: throughput benchmarks of Millrace against a raw rdkafka baseline.
+//!
+//! # Method
+//!
+//! The machines this runs on (developers' and CI's) are small and shared, so absolute numbers drift
+//! from minute to minute. Every benchmark therefore measures Millrace and its baseline **in one
+//! process, against the same broker and the same pre-loaded topic, interleaved** (A B A B …), and
+//! reports the ratio of the medians: slow drift hits both sides alike and cancels out of the ratio.
+//!
+//! Each run uses a fresh consumer group, so it reads the whole topic from the beginning; the clock
+//! starts before the consumer joins its group, so group join and the first fetch are part of the
+//! measurement for both sides (the "steady" column leaves them out). CPU time is the whole
+//! process's (`getrusage(RUSAGE_SELF)`, user + system, all threads, librdkafka's included) over the
+//! same interval, reported per million records: on a saturated machine it is the better measure of
+//! cost, since wall-clock throughput also depends on what else is running.
+//!
+//! # Benchmarks
+//! - `core`: consume-and-acknowledge throughput with a no-op processor; see [`core_bench`].
+//!
+//! Run with `cargo run -p millrace-benches -- core` (the `dev` profile is optimised); `--quick` is a
+//! smoke run small enough for CI. The brokers are taken from `KAFKA_BOOTSTRAP_SERVERS`
+//! (default `127.0.0.1:9092`); set `RUST_LOG` to see the clients' logs.
+
+mod core_bench;
+mod kafka;
+mod measure;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// Throughput benchmarks of Millrace against a raw rdkafka baseline, run interleaved in one process.
+#[derive(Debug, Parser)]
+#[command(name = "millrace-bench", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Consume-and-acknowledge throughput with a no-op processor: Millrace (Key ordering, default
+    /// bounds) against a raw rdkafka `BaseConsumer` storing each offset.
+    Core(core_bench::CoreArgs),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")))
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Core(args) => core_bench::run(args).await,
+    }
+}

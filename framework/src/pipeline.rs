@@ -363,9 +363,12 @@ impl<P: Processor> PollLoop<'_, P> {
             }
             commit_now(self.consumer, &tpl, CommitMode::Sync, &self.shared.stats);
         }
-        for h in self.hooks().lock().drain_all() {
+        // Give every partition up: later completions go to handles nobody commits through (I5).
+        let released = self.hooks().lock().drain_all();
+        for h in &released {
             h.revoke(&self.shared.stats);
         }
+        self.shared.stats.revocations.fetch_add(released.len() as u64, Relaxed);
         self.shared.stats.assigned_partitions.store(0, Relaxed);
         self.shared.stats.paused_partitions.store(0, Relaxed);
         tracing::info!(pipeline = %name, drained, "stopped");

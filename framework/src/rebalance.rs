@@ -171,9 +171,16 @@ impl ConsumerContext for Hooks {
         }
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
             self.assign(tpl);
+            // librdkafka keeps a partition's pause flag across revoke and re-assign: a partition this
+            // member paused for backpressure before losing it would come back paused forever.
+            if tpl.count() > 0
+                && let Err(e) = consumer.resume(tpl)
+            {
+                tracing::warn!(pipeline = %self.name, error = %e, "resuming newly assigned partitions failed");
+            }
         }
     }
 

@@ -140,9 +140,7 @@ pub fn committed_offsets(group: &str, topic: &str, partitions: i32) -> Result<BT
 /// The high watermark (end offset) per partition.
 pub fn end_offsets(topic: &str, partitions: i32) -> Result<BTreeMap<i32, i64>> {
     let consumer = plain_consumer(None)?;
-    (0..partitions)
-        .map(|p| Ok((p, consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?.1)))
-        .collect()
+    (0..partitions).map(|p| Ok((p, consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?.1))).collect()
 }
 
 /// Polls `check` every 50 ms until it returns `Some`, or fails after `timeout` with `what` (used only
@@ -253,9 +251,8 @@ pub fn assert_key_order<G: std::hash::Hash + Eq + std::fmt::Debug>(
 /// Resident and peak resident memory of a process, in KiB, from `/proc/<pid>/status`.
 pub fn rss_kib(pid: u32) -> Option<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status.lines().find(|l| l.starts_with(name))?.split_whitespace().nth(1)?.parse::<u64>().ok()
-    };
+    let field =
+        |name: &str| status.lines().find(|l| l.starts_with(name))?.split_whitespace().nth(1)?.parse::<u64>().ok();
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 

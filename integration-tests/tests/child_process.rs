@@ -75,7 +75,11 @@ async fn sigkill_mid_stream_loses_nothing_and_never_commits_past_unprocessed() -
     let entries = read_journal(&journal)?;
     let seen = distinct(&entries);
     assert_eq!(seen.len(), RECORDS, "every record processed at least once");
-    println!("after restart: {} effects for {RECORDS} records ({} redelivered)", entries.len(), entries.len() - RECORDS);
+    println!(
+        "after restart: {} effects for {RECORDS} records ({} redelivered)",
+        entries.len(),
+        entries.len() - RECORDS
+    );
     std::fs::remove_file(&journal).ok();
     Ok(())
 }

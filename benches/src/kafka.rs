@@ -1,0 +1,139 @@
+//! Benchmark fixtures on the broker: a fresh topic, its pre-loaded records, and the clean-up.
+
+use anyhow::{Context as _, bail};
+use rand::RngExt;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::DeliveryResult;
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// How long admin requests and the final producer flush may take.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// `prefix` followed by a random suffix, unique enough for topic and group names.
+pub fn unique_name(prefix: &str) -> String {
+    format!("{prefix}-{:016x}", rand::rng().random::<u64>())
+}
+
+/// An admin client for creating and deleting the benchmark's topic and groups.
+pub fn admin(bootstrap: &str) -> anyhow::Result<AdminClient<DefaultClientContext>> {
+    ClientConfig::new().set("bootstrap.servers", bootstrap).create().context("creating the admin client")
+}
+
+fn options() -> AdminOptions {
+    AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)).request_timeout(Some(ADMIN_TIMEOUT))
+}
+
+/// Creates `topic` with `partitions` partitions (replication factor 1: a single local broker).
+pub async fn create_topic(
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &str,
+    partitions: i32,
+) -> anyhow::Result<()> {
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for result in admin.create_topics([&new], &options()).await.context("creating the topic")? {
+        if let Err((name, code)) = result {
+            bail!("creating topic {name}: {code}");
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the topic and the consumer groups the runs used. Best effort: failures are only reported,
+/// so that a failed clean-up never hides the benchmark's result.
+pub async fn clean_up(admin: &AdminClient<DefaultClientContext>, topic: &str, groups: &[String]) {
+    match admin.delete_topics(&[topic], &options()).await {
+        Ok(results) => {
+            for (name, code) in results.into_iter().filter_map(Result::err) {
+                eprintln!("warning: deleting topic {name}: {code}");
+            }
+        }
+        Err(e) => eprintln!("warning: deleting topic {topic}: {e}"),
+    }
+    if groups.is_empty() {
+        return;
+    }
+    let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+    match admin.delete_groups(&groups, &options()).await {
+        Ok(results) => {
+            for (name, code) in results.into_iter().filter_map(Result::err) {
+                eprintln!("warning: deleting group {name}: {code}");
+            }
+        }
+        Err(e) => eprintln!("warning: deleting groups: {e}"),
+    }
+}
+
+/// What to pre-load into the topic.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadSpec {
+    /// Number of records.
+    pub records: u64,
+    /// Bytes per value.
+    pub value_size: usize,
+    /// Keys are drawn uniformly from this many distinct keys.
+    pub keys: u64,
+}
+
+/// Counts failed deliveries of the loader.
+#[derive(Default)]
+struct LoadContext {
+    failed: AtomicU64,
+}
+
+impl ClientContext for LoadContext {}
+
+impl ProducerContext for LoadContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if result.is_err() {
+            self.failed.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// Produces `spec.records` records to `topic` as fast as the broker takes them, and waits until every
+/// one is acknowledged. Blocking: call it off the async runtime. Returns how long it took.
+pub fn load(bootstrap: &str, topic: &str, spec: LoadSpec) -> anyhow::Result<Duration> {
+    let producer: ThreadedProducer<LoadContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", "1")
+        .set("enable.idempotence", "false")
+        .set("compression.type", "none")
+        .set("linger.ms", "20")
+        .set("batch.size", "1000000")
+        .set("batch.num.messages", "100000")
+        .set("queue.buffering.max.messages", "1000000")
+        .create_with_context(LoadContext::default())
+        .context("creating the loading producer")?;
+    let keys: Vec<String> = (0..spec.keys.max(1)).map(|k| format!("key-{k}")).collect();
+    let mut rng = rand::rng();
+    let value: Vec<u8> = (0..spec.value_size).map(|_| rng.random_range(b'a'..=b'z')).collect();
+    let started = Instant::now();
+    for _ in 0..spec.records {
+        let key = &keys[rng.random_range(0..keys.len())];
+        let mut record = BaseRecord::to(topic).key(key.as_str()).payload(value.as_slice());
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back; // the producer's thread is delivering: give it a moment
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err((e, _)) => return Err(e).context("producing a record"),
+            }
+        }
+    }
+    producer.flush(FLUSH_TIMEOUT).context("flushing the loading producer")?;
+    let failed = producer.context().failed.load(Relaxed);
+    if failed > 0 {
+        bail!("{failed} of {} records were not acknowledged", spec.records);
+    }
+    Ok(started.elapsed())
+}
