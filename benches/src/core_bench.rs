@@ -11,15 +11,28 @@
 //!   poll it, do nothing with it, `store_offset_from_message` (offsets then committed in the
 //!   background by `enable.auto.commit`). It runs on its own thread. Timed from just before
 //!   `subscribe` (so group join is included, as for Millrace) to the N-th record.
-//! - **millrace**: a [`Pipeline`] in [`Ordering::Key`] with default [`Bounds`](millrace::Bounds) and a
+//! - **millrace**: a [`Pipeline`] in [`Ordering::Key`] with default [`Bounds`] and a
 //!   no-op [`Processor`]; timed from spawning [`Pipeline::run`] to the moment its `processed`
 //!   counter reaches N (checked every 2 ms). Shutdown (drain, final commit, leaving the group) is
 //!   not timed.
 //!
 //! Both use `partition.assignment.strategy=cooperative-sticky` (Millrace's default), a fresh group
-//! and `auto.offset.reset=earliest`; neither overrides fetch settings. Runs alternate raw, millrace,
-//! raw, millrace … for `--pairs` pairs, and the result is the ratio of the median throughputs
-//! (and the CPU seconds each side spends per million records).
+//! and `auto.offset.reset=earliest`; neither overrides librdkafka's fetch settings unless
+//! `--consumer-property` says so (for both sides alike). Runs alternate raw, millrace, raw,
+//! millrace … for `--pairs` pairs, and the result is the ratio of the median throughputs (and the
+//! CPU seconds each side spends per million records).
+//!
+//! # Reading the output
+//! Each run prints records/s from the start, "steady" records/s from the first record on (group
+//! join and first fetch left out), the time to the first record, and process CPU. Under each
+//! Millrace run a line says what its counters showed during the run (sampled every 2 ms): how much
+//! of the time backpressure had partitions paused and in how many episodes, the mean and peak
+//! in-flight records, and the commits issued, since pausing is what most often explains a slow run.
+//!
+//! # Experiments
+//! `--only raw|millrace` runs one side (to profile it, e.g. under `perf record`);
+//! `--max-in-flight-per-partition` and `--max-in-flight-total` change Millrace's bounds, e.g. to
+//! take backpressure out of the picture. The canonical figures are those of the defaults.
 
 use crate::kafka::{self, LoadSpec};
 use crate::measure::{Measurement, Stopwatch, Summary};

@@ -5,7 +5,8 @@ use crate::error::EmitError;
 use crate::record::OutputRecord;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use crate::kafka_log::Producer;
+use rdkafka::producer::{DeliveryFuture, FutureRecord};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -19,13 +20,13 @@ use tokio_util::sync::CancellationToken;
 pub struct Context {
     attempt: u32,
     epoch: u64,
-    producer: FutureProducer,
+    producer: Producer,
     shutdown: CancellationToken,
     pending: Mutex<Vec<(String, DeliveryFuture)>>,
 }
 
 impl Context {
-    pub(crate) fn new(attempt: u32, epoch: u64, producer: FutureProducer, shutdown: CancellationToken) -> Self {
+    pub(crate) fn new(attempt: u32, epoch: u64, producer: Producer, shutdown: CancellationToken) -> Self {
         Self { attempt, epoch, producer, shutdown, pending: Mutex::new(Vec::new()) }
     }
 

@@ -40,6 +40,7 @@
 pub mod config;
 pub mod context;
 pub mod error;
+mod kafka_log;
 pub mod offsets;
 mod partition;
 pub mod pipeline;

@@ -11,6 +11,7 @@
 
 use crate::config::PipelineConfig;
 use crate::error::{ConfigError, Error};
+use crate::kafka_log::{KafkaLog, Producer, ProducerHooks, is_fatal};
 use crate::partition::{Admit, LaneId, PartitionHandle};
 use crate::processor::Processor;
 use crate::rebalance::{Assignments, Hooks, commit_now};
@@ -19,9 +20,8 @@ use crate::stats::Stats;
 use crate::worker::run_lane;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 pub(crate) struct Shared<P> {
     pub(crate) processor: P,
     pub(crate) config: PipelineConfig,
-    pub(crate) producer: FutureProducer,
+    pub(crate) producer: Producer,
     pub(crate) stats: Arc<Stats>,
     pub(crate) concurrency: Semaphore,
     /// Cancelled when shutdown starts; processors see it through their context.
@@ -75,17 +75,19 @@ impl<P: Processor> Pipeline<P> {
     pub fn new(config: PipelineConfig, processor: P) -> Result<Self, Error> {
         config.validate()?;
         let stats = Arc::new(Stats::default());
+        let log = Arc::new(KafkaLog::new(config.name.clone()));
         let hooks = Hooks {
             assignments: Arc::new(Mutex::new(Assignments::default())),
             stats: stats.clone(),
             drain_timeout: config.drain_timeout,
             name: config.name.clone(),
             recommit: AtomicBool::new(false),
-            fatal: Mutex::new(None),
+            log: log.clone(),
         };
         let consumer: BaseConsumer<Hooks> =
             consumer_config(&config).create_with_context(hooks).map_err(client_creation("consumer"))?;
-        let producer: FutureProducer = producer_config(&config).create().map_err(client_creation("producer"))?;
+        let producer: Producer =
+            producer_config(&config).create_with_context(ProducerHooks(log)).map_err(client_creation("producer"))?;
         let concurrency = Semaphore::new(config.bounds.max_concurrency);
         let shared = Shared {
             processor,
@@ -145,8 +147,12 @@ pub struct RunSummary {
     pub drained: bool,
 }
 
+/// Maps librdkafka's rejection of a property to a [`ConfigError`] naming that property.
 fn client_creation(which: &'static str) -> impl Fn(KafkaError) -> Error {
     move |e| match e {
+        KafkaError::ClientConfig(_, desc, key, value) => {
+            Error::Config(ConfigError::new(key, format!("{desc} (value {value:?}, {which} client)")))
+        }
         KafkaError::ClientCreation(msg) => Error::Config(ConfigError::new(which, msg)),
         other => Error::Kafka(other),
     }
@@ -175,24 +181,6 @@ fn producer_config(config: &PipelineConfig) -> ClientConfig {
     }
     c.set("bootstrap.servers", &config.bootstrap_servers);
     c
-}
-
-/// Errors after which the member cannot go on: authorization, or librdkafka's fatal state.
-pub(crate) fn is_fatal(e: &KafkaError) -> bool {
-    use RDKafkaErrorCode::*;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            Fatal
-                | TopicAuthorizationFailed
-                | GroupAuthorizationFailed
-                | ClusterAuthorizationFailed
-                | SaslAuthenticationFailed
-                | InvalidConfig
-                | ProducerFenced
-                | InvalidProducerEpoch
-        )
-    )
 }
 
 struct PollLoop<'c, P> {
@@ -228,7 +216,7 @@ impl<P: Processor> PollLoop<'_, P> {
                     tracing::warn!(pipeline = %self.shared.config.name, error = %e, "consumer error (retrying)")
                 }
             }
-            if let Some(e) = self.hooks().fatal.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            if let Some(e) = self.hooks().log.take_fatal() {
                 result = Err(Error::Kafka(e));
                 break;
             }

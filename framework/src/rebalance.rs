@@ -5,6 +5,7 @@
 //! librdkafka release them. Lost partitions (session expired) are dropped without a commit: another
 //! member owns them already. Assign: a fresh [`PartitionHandle`] with a new epoch per partition.
 
+use crate::kafka_log::KafkaLog;
 use crate::partition::PartitionHandle;
 use crate::stats::Stats;
 use rdkafka::client::ClientContext;
@@ -62,8 +63,8 @@ pub(crate) struct Hooks {
     pub(crate) name: String,
     /// Set when an async commit failed, so the next tick commits again.
     pub(crate) recommit: AtomicBool,
-    /// A fatal error reported by librdkafka; the poll loop stops on it.
-    pub(crate) fatal: Mutex<Option<KafkaError>>,
+    /// Throttled logs, and the fatal error the poll loop stops on.
+    pub(crate) log: Arc<KafkaLog>,
 }
 
 impl Hooks {
@@ -140,25 +141,11 @@ pub(crate) fn commit_now(
 
 impl ClientContext for Hooks {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
-        match level {
-            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
-                tracing::error!(target: "librdkafka", fac, "{log_message}")
-            }
-            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", fac, "{log_message}"),
-            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
-                tracing::info!(target: "librdkafka", fac, "{log_message}")
-            }
-            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", fac, "{log_message}"),
-        }
+        self.log.log(level, fac, log_message);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        if crate::pipeline::is_fatal(&error) {
-            tracing::error!(pipeline = %self.name, %error, reason, "fatal Kafka error");
-            self.fatal.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(error);
-        } else {
-            tracing::warn!(pipeline = %self.name, %error, reason, "Kafka client error (retrying)");
-        }
+        self.log.error(error, reason);
     }
 }
 
@@ -188,7 +175,7 @@ impl ConsumerContext for Hooks {
         if let Err(e) = result {
             Stats::bump(&self.stats.commit_failures);
             self.recommit.store(true, Relaxed);
-            tracing::warn!(pipeline = %self.name, error = %e, "async offset commit failed; will commit again");
+            self.log.warn("async offset commit failed", &e.to_string());
         }
     }
 }

@@ -238,10 +238,10 @@ pub fn assert_key_order<G: std::hash::Hash + Eq + std::fmt::Debug>(
     let mut last: HashMap<G, i64> = HashMap::new();
     for e in entries {
         let g = group_by(e);
-        if let Some(prev) = last.get(&g) {
-            if *prev >= e.offset {
-                bail!("order broken for {g:?}: offset {} handled after {prev}", e.offset);
-            }
+        if let Some(prev) = last.get(&g)
+            && *prev >= e.offset
+        {
+            bail!("order broken for {g:?}: offset {} handled after {prev}", e.offset);
         }
         last.insert(g, e.offset);
     }

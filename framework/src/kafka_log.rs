@@ -1,0 +1,134 @@
+//! librdkafka's logs and errors, routed to `tracing` with repeats throttled: a broker outage reports
+//! the same error many times a second, which must not flood the logs while the client retries.
+
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long an identical warning is suppressed after it was logged.
+const REPEAT_AFTER: Duration = Duration::from_secs(30);
+/// Distinct warnings remembered for throttling (the table is cleared when it grows past this).
+const REMEMBERED: usize = 64;
+
+/// Throttled logging of one client's errors, plus the first fatal error seen.
+#[derive(Debug)]
+pub(crate) struct KafkaLog {
+    pub(crate) name: String,
+    /// Per warning text: when it was last logged and how many repeats were suppressed since.
+    recent: Mutex<HashMap<String, (Instant, u64)>>,
+    fatal: Mutex<Option<KafkaError>>,
+}
+
+impl KafkaLog {
+    pub(crate) fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into(), recent: Mutex::default(), fatal: Mutex::new(None) }
+    }
+
+    /// Logs a retriable problem at warn level, unless the same text was logged within
+    /// [`REPEAT_AFTER`]; then counts it and reports the count with the next log line.
+    pub(crate) fn warn(&self, what: &str, detail: &str) {
+        let text = format!("{what}: {detail}");
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, suppressed)) = recent.get_mut(&text)
+            && at.elapsed() < REPEAT_AFTER
+        {
+            *suppressed += 1;
+            return;
+        }
+        if recent.len() >= REMEMBERED {
+            recent.clear();
+        }
+        let suppressed = recent.get(&text).map_or(0, |(_, n)| *n);
+        tracing::warn!(pipeline = %self.name, suppressed_repeats = suppressed, "{text} (retrying)");
+        recent.insert(text, (Instant::now(), 0));
+    }
+
+    /// Handles an error reported by a client: fatal ones are kept for the poll loop to stop on.
+    pub(crate) fn error(&self, error: KafkaError, reason: &str) {
+        if is_fatal(&error) {
+            tracing::error!(pipeline = %self.name, %error, reason, "fatal Kafka error");
+            self.fatal.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(error);
+        } else {
+            self.warn("Kafka client error", &format!("{error} ({reason})"));
+        }
+    }
+
+    /// Takes the fatal error, if one was reported.
+    pub(crate) fn take_fatal(&self) -> Option<KafkaError> {
+        self.fatal.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    pub(crate) fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+                tracing::error!(target: "librdkafka", fac, "{message}")
+            }
+            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", fac, "{message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => tracing::info!(target: "librdkafka", fac, "{message}"),
+            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", fac, "{message}"),
+        }
+    }
+}
+
+/// Errors after which a member cannot go on: authorization failures, or librdkafka's fatal state.
+pub(crate) fn is_fatal(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode::*;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            Fatal
+                | TopicAuthorizationFailed
+                | GroupAuthorizationFailed
+                | ClusterAuthorizationFailed
+                | SaslAuthenticationFailed
+                | InvalidConfig
+                | ProducerFenced
+                | InvalidProducerEpoch
+        )
+    )
+}
+
+/// The producer's context: the same throttled logging as the consumer's.
+pub(crate) struct ProducerHooks(pub(crate) std::sync::Arc<KafkaLog>);
+
+impl ClientContext for ProducerHooks {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        self.0.log(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.0.error(error, reason);
+    }
+}
+
+/// The producer type used throughout the runtime.
+pub(crate) type Producer = rdkafka::producer::FutureProducer<ProducerHooks>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fatal_errors_are_kept_for_the_poll_loop() {
+        let log = KafkaLog::new("t");
+        log.error(KafkaError::Global(RDKafkaErrorCode::AllBrokersDown), "down");
+        assert!(log.take_fatal().is_none(), "an outage is retried, not fatal");
+        log.error(KafkaError::Global(RDKafkaErrorCode::GroupAuthorizationFailed), "denied");
+        assert!(log.take_fatal().is_some());
+    }
+
+    #[test]
+    fn repeats_are_suppressed_and_counted() {
+        let log = KafkaLog::new("t");
+        for _ in 0..5 {
+            log.warn("x", "same");
+        }
+        log.warn("y", "other");
+        log.warn("x", "same");
+        let recent = log.recent.lock().unwrap();
+        assert_eq!(recent.get("x: same").map(|(_, n)| *n), Some(5), "interleaving does not reset throttling");
+    }
+}
