@@ -2,12 +2,12 @@
 //! acknowledgement gates the record's completion, and the shutdown signal.
 
 use crate::error::EmitError;
+use crate::kafka_log::Producer;
 use crate::record::OutputRecord;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
-use crate::kafka_log::Producer;
 use rdkafka::producer::{DeliveryFuture, FutureRecord};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -20,14 +20,19 @@ use tokio_util::sync::CancellationToken;
 pub struct Context {
     attempt: u32,
     epoch: u64,
-    producer: Producer,
-    shutdown: CancellationToken,
+    handles: Arc<RuntimeHandles>,
     pending: Mutex<Vec<(String, DeliveryFuture)>>,
 }
 
+/// What every context shares: the producer for outputs and the shutdown signal.
+pub(crate) struct RuntimeHandles {
+    pub(crate) producer: Producer,
+    pub(crate) shutdown: CancellationToken,
+}
+
 impl Context {
-    pub(crate) fn new(attempt: u32, epoch: u64, producer: Producer, shutdown: CancellationToken) -> Self {
-        Self { attempt, epoch, producer, shutdown, pending: Mutex::new(Vec::new()) }
+    pub(crate) fn new(attempt: u32, epoch: u64, handles: Arc<RuntimeHandles>) -> Self {
+        Self { attempt, epoch, handles, pending: Mutex::new(Vec::new()) }
     }
 
     /// 1 on the first attempt, 2 on the first retry, and so on.
@@ -44,12 +49,12 @@ impl Context {
     /// True once the pipeline is shutting down; long handlers may stop early and return a transient
     /// error (the record is then not committed and will be redelivered).
     pub fn is_shutting_down(&self) -> bool {
-        self.shutdown.is_cancelled()
+        self.handles.shutdown.is_cancelled()
     }
 
     /// Resolves when the pipeline starts shutting down (for `tokio::select!`).
     pub async fn shutdown_signal(&self) {
-        self.shutdown.cancelled().await
+        self.handles.shutdown.cancelled().await
     }
 
     /// Queues `record` to the producer. Returns once it is queued (waiting while the producer's queue
@@ -70,7 +75,7 @@ impl Context {
             if let Some(p) = record.partition {
                 fr = fr.partition(p);
             }
-            match self.producer.send_result(fr) {
+            match self.handles.producer.send_result(fr) {
                 Ok(delivery) => {
                     self.pending.lock().expect("pending outputs lock").push((record.topic, delivery));
                     return Ok(());

@@ -5,12 +5,12 @@
 //!
 //! ## Module map: the path of one record, top to bottom
 //! - [`pipeline`]: builds the clients; the poll thread polls a record and hands it to its partition.
-//! - [`partition`](crate::partition) (internal): per-partition state; routes the record to its key lane.
-//! - [`worker`](crate::worker) (internal): runs a lane's records one at a time through the
-//!   [`Processor`], with the [`retry`] policy.
+//! - `partition` (internal): one task per owned partition; tracks offsets and routes the record to its
+//!   key lane, running lanes concurrently.
+//! - `attempt` (internal): runs one record through the [`Processor`], with the [`retry`] policy.
 //! - [`context`]: what the processor sees; emitted outputs must be acknowledged before completion.
 //! - [`offsets`]: the completed prefix of each partition, which is what gets committed.
-//! - [`rebalance`](crate::rebalance) (internal): assign, revoke (drain, commit, release) and lost partitions.
+//! - `rebalance` (internal): assign, revoke (drain, commit, release) and lost partitions.
 //! - [`config`], [`error`], [`record`], [`stats`], [`shutdown`]: the supporting pieces.
 //!
 //! ## Guarantees
@@ -37,6 +37,7 @@
 //! }
 //! ```
 
+mod attempt;
 pub mod config;
 pub mod context;
 pub mod error;
@@ -50,7 +51,6 @@ pub mod record;
 pub mod retry;
 pub mod shutdown;
 pub mod stats;
-mod worker;
 
 pub use config::{Bounds, Ordering, PipelineConfig};
 pub use context::Context;

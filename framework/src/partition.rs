@@ -1,18 +1,33 @@
-//! One owned partition: its offset tracker, its key lanes and its in-flight accounting.
+//! One owned partition, run by one task for one assignment epoch.
 //!
-//! A [`PartitionHandle`] lives for one assignment (one epoch). When the partition is revoked the
-//! handle is marked so; workers still holding it finish their current record but the result is
-//! never committed, because the poll thread only commits through handles it still owns (I5).
+//! The poll thread sends the partition's records in batches to its task; the task alone owns the
+//! partition's [`OffsetTracker`] and key lanes, so nothing on the per-record path takes a lock. A lane
+//! is present while one of its records is being processed; later records of the same lane wait in
+//! its queue (I3). Processing futures of all lanes run concurrently inside the task, bounded by the
+//! pipeline's concurrency semaphore. After every completion the task publishes the committable offset
+//! in an atomic that the poll thread reads when it commits.
+//!
+//! A task stops on [`Command::Stop`]: on revoke it drops queued records and waits for running ones,
+//! on shutdown it first finishes queued records too; either way until a deadline. Records still
+//! running after the deadline finish in the background, but nothing reads this task's offsets any
+//! more: the handle was removed from the assignment, so their completions are never committed (I5).
 
+use crate::attempt::{Outcome, attempt_until_done};
 use crate::config::Ordering;
 use crate::offsets::OffsetTracker;
+use crate::pipeline::Shared;
+use crate::processor::Processor;
 use crate::record::Record;
 use crate::stats::Stats;
-use std::collections::hash_map::{DefaultHasher, Entry};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 /// Which records must run one after another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -28,252 +43,303 @@ pub(crate) enum LaneId {
 impl LaneId {
     pub(crate) fn of(ordering: Ordering, record: &Record) -> Self {
         match (ordering, &record.key) {
-            (Ordering::Key, Some(key)) => {
-                let mut h = DefaultHasher::new();
-                key.hash(&mut h);
-                LaneId::Key(h.finish())
-            }
+            (Ordering::Key, Some(key)) => LaneId::Key(BuildHasherDefault::<DefaultHasher>::default().hash_one(key)),
             (Ordering::Key, None) | (Ordering::Partition, _) => LaneId::Partition,
             (Ordering::Unordered, _) => LaneId::Record(record.offset),
         }
     }
 }
 
-/// What the poll thread must do with a freshly polled record.
-pub(crate) enum Admit {
-    /// The lane was idle: start a worker with this record.
-    Spawn(Record),
-    /// The lane already has a worker; the record waits in its queue.
-    Queued,
-    /// The handle was revoked or the offset was already tracked; nothing to do.
-    Ignored,
+/// Orders from the poll thread to a partition task.
+pub(crate) enum Command {
+    /// Newly polled records, in offset order.
+    Records(Vec<Record>),
+    /// Stop: `finish_queued` decides whether queued records still run (shutdown) or are dropped
+    /// (revoke). `done` is signalled when nothing runs any more or `deadline` passed.
+    Stop { finish_queued: bool, deadline: Instant, done: std::sync::mpsc::SyncSender<bool> },
 }
 
-#[derive(Debug, Default)]
-struct State {
-    tracker: OffsetTracker,
-    /// A lane is present exactly while a worker task serves it; the queue holds its waiting records.
-    lanes: HashMap<LaneId, VecDeque<Record>>,
-    buffered: usize,
-    running: usize,
-    revoked: bool,
-    paused: bool,
-    last_committed: Option<i64>,
-}
+const NO_OFFSET: i64 = -1;
 
-/// The state of one partition for one assignment epoch.
+/// The poll thread's side of a partition task.
 #[derive(Debug)]
 pub(crate) struct PartitionHandle {
     pub(crate) topic: Arc<str>,
     pub(crate) partition: i32,
     pub(crate) epoch: u64,
-    state: Mutex<State>,
-    idle: Condvar,
+    tx: UnboundedSender<Command>,
+    /// Published by the task: the offset to commit, or [`NO_OFFSET`].
+    committable: AtomicI64,
+    /// Records sent to the task and not finished or dropped yet.
+    buffered: AtomicUsize,
+    /// Paused by backpressure (written by the poll thread only).
+    paused: AtomicBool,
+    /// The last offset committed successfully (poll thread only).
+    last_committed: AtomicI64,
 }
 
 impl PartitionHandle {
-    pub(crate) fn new(topic: Arc<str>, partition: i32, epoch: u64) -> Self {
-        Self { topic, partition, epoch, state: Mutex::default(), idle: Condvar::new() }
+    /// Starts the partition's task on `runtime` and returns its handle.
+    pub(crate) fn start<P: Processor>(
+        shared: &Arc<Shared<P>>,
+        runtime: &tokio::runtime::Handle,
+        topic: Arc<str>,
+        partition: i32,
+        epoch: u64,
+    ) -> Arc<Self> {
+        let (tx, rx) = unbounded_channel();
+        let handle = Arc::new(Self {
+            topic,
+            partition,
+            epoch,
+            tx,
+            committable: AtomicI64::new(NO_OFFSET),
+            buffered: AtomicUsize::new(0),
+            paused: AtomicBool::new(false),
+            last_committed: AtomicI64::new(NO_OFFSET),
+        });
+        runtime.spawn(PartitionTask::new(shared.clone(), handle.clone()).run(rx));
+        handle
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// Hands a batch of polled records to the task, counting them in flight. Returns the partition's
+    /// buffered count after it.
+    pub(crate) fn send(&self, records: Vec<Record>, stats: &Stats) -> usize {
+        let n = records.len();
+        let bytes: u64 = records.iter().map(|r| r.byte_len() as u64).sum();
+        let now = self.buffered.fetch_add(n, Relaxed) + n;
+        stats.add_in_flight(n as u64, bytes);
+        if self.tx.send(Command::Records(records)).is_err() {
+            // The task has exited: nothing was tracked, so nothing is committed; undo the count.
+            self.buffered.fetch_sub(n, Relaxed);
+            stats.sub_in_flight(n as u64, bytes);
+        }
+        now
     }
 
-    /// Tracks a polled record and routes it to its lane. Returns the buffered count after admission.
-    pub(crate) fn admit(&self, record: Record, lane: LaneId, stats: &Stats) -> (Admit, usize) {
-        let mut st = self.lock();
-        if st.revoked || !st.tracker.track(record.offset) {
-            return (Admit::Ignored, st.buffered);
-        }
-        st.buffered += 1;
-        stats.add_in_flight(1, record.byte_len() as u64);
-        let admit = match st.lanes.entry(lane) {
-            Entry::Occupied(mut queue) => {
-                queue.get_mut().push_back(record);
-                Admit::Queued
-            }
-            Entry::Vacant(slot) => {
-                slot.insert(VecDeque::new());
-                Admit::Spawn(record)
-            }
-        };
-        (admit, st.buffered)
+    /// Asks the task to stop; [`StopRequest::wait`] waits for it. Ask every task first, then wait, so
+    /// that partitions drain in parallel.
+    pub(crate) fn stop(&self, finish_queued: bool, deadline: Instant) -> StopRequest {
+        let (done, wait) = std::sync::mpsc::sync_channel(1);
+        let sent = self.tx.send(Command::Stop { finish_queued, deadline, done }).is_ok();
+        StopRequest { wait: sent.then_some(wait), deadline }
     }
 
-    /// Called by a worker before running `record`. False when the partition was revoked meanwhile: the
-    /// record is then dropped uncommitted and the worker must stop.
-    pub(crate) fn start(&self, record: &Record, lane: LaneId, stats: &Stats) -> bool {
-        let mut st = self.lock();
-        if st.revoked {
-            self.release(&mut st, record, stats);
-            st.lanes.remove(&lane);
-            self.idle.notify_all();
-            return false;
-        }
-        st.running += 1;
-        stats.started();
-        true
-    }
-
-    /// Called by a worker after running `record`. Completes its offset when `succeeded` (a failed
-    /// record stays incomplete, so the commit never passes it) and hands back the lane's next record.
-    pub(crate) fn finish(&self, record: &Record, lane: LaneId, succeeded: bool, stats: &Stats) -> Finished {
-        let mut st = self.lock();
-        st.running -= 1;
-        stats.running.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        if succeeded {
-            st.tracker.complete(record.offset);
-        }
-        self.release(&mut st, record, stats);
-        let next = if st.revoked { None } else { st.lanes.get_mut(&lane).and_then(VecDeque::pop_front) };
-        if next.is_none() {
-            st.lanes.remove(&lane);
-        }
-        if st.running == 0 {
-            self.idle.notify_all();
-        }
-        Finished { next, paused: st.paused, buffered: st.buffered }
-    }
-
-    fn release(&self, st: &mut State, record: &Record, stats: &Stats) {
-        st.buffered -= 1;
-        stats.sub_in_flight(1, record.byte_len() as u64);
-    }
-
-    /// Marks the handle revoked and drops every queued (not yet started) record. Returns how many were
-    /// dropped; they stay uncommitted and will be redelivered to the next owner.
-    pub(crate) fn revoke(&self, stats: &Stats) -> usize {
-        let mut st = self.lock();
-        st.revoked = true;
-        let mut dropped = 0;
-        let mut bytes = 0u64;
-        for queue in st.lanes.values_mut() {
-            dropped += queue.len();
-            bytes += queue.drain(..).map(|r| r.byte_len() as u64).sum::<u64>();
-        }
-        st.buffered -= dropped;
-        stats.sub_in_flight(dropped as u64, bytes);
-        dropped
-    }
-
-    /// Waits until no record of this handle is running, or until `deadline`. True if idle.
-    pub(crate) fn wait_idle(&self, deadline: Instant) -> bool {
-        let mut st = self.lock();
-        while st.running > 0 {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            st = match self.idle.wait_timeout(st, deadline - now) {
-                Ok((guard, _)) => guard,
-                Err(poisoned) => poisoned.into_inner().0,
-            };
-        }
-        true
+    /// The offset to commit (the end of the contiguous completed prefix), if any record was tracked.
+    pub(crate) fn committable(&self) -> Option<i64> {
+        Some(self.committable.load(Relaxed)).filter(|o| *o != NO_OFFSET)
     }
 
     /// The committable offset, if it moved since the last successful commit.
     pub(crate) fn commit_candidate(&self) -> Option<i64> {
-        let st = self.lock();
-        st.tracker.committable().filter(|c| st.last_committed != Some(*c))
+        self.committable().filter(|c| *c != self.last_committed.load(Relaxed))
     }
 
-    /// The committable offset, whether or not it moved.
-    pub(crate) fn committable(&self) -> Option<i64> {
-        self.lock().tracker.committable()
+    /// Remembers a successful commit.
+    pub(crate) fn set_committed(&self, offset: i64) {
+        self.last_committed.store(offset, Relaxed);
     }
 
-    /// Remembers that `offset` was committed (or forgets it after a failed commit with `None`).
-    pub(crate) fn set_committed(&self, offset: Option<i64>) {
-        self.lock().last_committed = offset;
-    }
-
-    /// Records that are buffered or running.
     pub(crate) fn buffered(&self) -> usize {
-        self.lock().buffered
+        self.buffered.load(Relaxed)
     }
 
     pub(crate) fn is_paused(&self) -> bool {
-        self.lock().paused
+        self.paused.load(Relaxed)
     }
 
     pub(crate) fn set_paused(&self, paused: bool) {
-        self.lock().paused = paused;
+        self.paused.store(paused, Relaxed);
     }
 }
 
-/// What a worker learns when it finishes a record.
-pub(crate) struct Finished {
-    /// The next record of its lane, if any.
-    pub(crate) next: Option<Record>,
-    /// Whether the partition is paused by backpressure.
-    pub(crate) paused: bool,
-    /// Records still buffered in the partition.
-    pub(crate) buffered: usize,
+/// A stop that was asked for.
+pub(crate) struct StopRequest {
+    wait: Option<std::sync::mpsc::Receiver<bool>>,
+    deadline: Instant,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+impl StopRequest {
+    /// Waits until the task is idle or the deadline passed. True if nothing was left running.
+    pub(crate) fn wait(self) -> bool {
+        let Some(wait) = self.wait else { return true };
+        let patience = self.deadline.saturating_duration_since(Instant::now()) + std::time::Duration::from_secs(1);
+        wait.recv_timeout(patience).unwrap_or(false)
+    }
+}
 
-    fn rec(offset: i64, key: &str) -> Record {
-        Record {
-            topic: "t".into(),
-            partition: 0,
-            offset,
-            timestamp: None,
-            key: Some(key.as_bytes().to_vec()),
-            value: None,
-            headers: Default::default(),
+/// A record's processing, finished.
+struct Finished {
+    lane: LaneId,
+    offset: i64,
+    bytes: u64,
+    outcome: Outcome,
+}
+
+struct Stopping {
+    deadline: Instant,
+    done: Option<std::sync::mpsc::SyncSender<bool>>,
+}
+
+struct PartitionTask<P> {
+    shared: Arc<Shared<P>>,
+    handle: Arc<PartitionHandle>,
+    ordering: Ordering,
+    tracker: OffsetTracker,
+    /// Present while a record of the lane runs; holds the lane's waiting records.
+    lanes: HashMap<LaneId, VecDeque<Record>>,
+    stopping: Option<Stopping>,
+}
+
+impl<P: Processor> PartitionTask<P> {
+    fn new(shared: Arc<Shared<P>>, handle: Arc<PartitionHandle>) -> Self {
+        let ordering = shared.config.ordering;
+        Self { shared, handle, ordering, tracker: OffsetTracker::new(), lanes: HashMap::new(), stopping: None }
+    }
+
+    async fn run(mut self, mut rx: UnboundedReceiver<Command>) {
+        let mut running = FuturesUnordered::new();
+        loop {
+            if let Some(stop) = &mut self.stopping {
+                let idle = running.is_empty();
+                if (idle || Instant::now() >= stop.deadline)
+                    && let Some(done) = stop.done.take()
+                {
+                    // The poll thread commits what is done now; nothing after this is read.
+                    let _ = done.send(idle);
+                    self.drop_queued();
+                }
+                if idle {
+                    // Refuse further batches and release the ones that arrived after the stop.
+                    rx.close();
+                    while let Ok(command) = rx.try_recv() {
+                        if let Command::Records(batch) = command {
+                            for record in batch {
+                                self.release(record.byte_len() as u64);
+                            }
+                        }
+                    }
+                    return;
+                }
+            }
+            let deadline = self.stopping.as_ref().map(|s| s.deadline);
+            tokio::select! {
+                command = rx.recv(), if self.stopping.is_none() => match command {
+                    Some(Command::Records(batch)) => {
+                        for record in batch {
+                            if let Some(start) = self.admit(record) {
+                                running.push(self.process(start));
+                            }
+                        }
+                    }
+                    Some(Command::Stop { finish_queued, deadline, done }) => {
+                        if !finish_queued {
+                            self.drop_queued();
+                        }
+                        self.stopping = Some(Stopping { deadline, done: Some(done) });
+                    }
+                    None => {
+                        // The handle is gone without a stop (the pipeline was dropped).
+                        self.drop_queued();
+                        let (done, _) = std::sync::mpsc::sync_channel(1);
+                        self.stopping = Some(Stopping { deadline: Instant::now(), done: Some(done) });
+                    }
+                },
+                Some(finished) = running.next(), if !running.is_empty() => {
+                    if let Some(next) = self.finish(finished) {
+                        running.push(self.process(next));
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()), if deadline.is_some() => {}
+            }
         }
     }
 
-    #[test]
-    fn same_key_queues_behind_running_record() {
-        let stats = Stats::default();
-        let h = PartitionHandle::new("t".into(), 0, 1);
-        let lane_a = LaneId::of(Ordering::Key, &rec(0, "a"));
-        let (first, _) = h.admit(rec(0, "a"), lane_a, &stats);
-        let Admit::Spawn(first) = first else { panic!("first record must start a worker") };
-        assert!(matches!(h.admit(rec(1, "a"), lane_a, &stats).0, Admit::Queued));
-        let lane_b = LaneId::of(Ordering::Key, &rec(2, "b"));
-        assert!(matches!(h.admit(rec(2, "b"), lane_b, &stats).0, Admit::Spawn(_)));
-
-        assert!(h.start(&first, lane_a, &stats));
-        let done = h.finish(&first, lane_a, true, &stats);
-        assert_eq!(done.next.map(|r| r.offset), Some(1));
-        assert_eq!(h.committable(), Some(1));
-        assert_eq!(stats.snapshot().in_flight, 2);
+    /// Tracks a polled record; returns it if its lane was idle (it starts now), else queues it.
+    fn admit(&mut self, record: Record) -> Option<(LaneId, Record)> {
+        if !self.tracker.track(record.offset) {
+            self.release(record.byte_len() as u64);
+            return None;
+        }
+        let lane = LaneId::of(self.ordering, &record);
+        match self.lanes.entry(lane) {
+            Entry::Occupied(mut queue) => {
+                queue.get_mut().push_back(record);
+                None
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(VecDeque::new());
+                Some((lane, record))
+            }
+        }
     }
 
-    #[test]
-    fn revoke_drops_queued_and_stops_workers() {
-        let stats = Stats::default();
-        let h = PartitionHandle::new("t".into(), 0, 1);
-        let lane = LaneId::Partition;
-        let Admit::Spawn(first) = h.admit(rec(0, "a"), lane, &stats).0 else { panic!() };
-        h.admit(rec(1, "a"), lane, &stats);
-        h.admit(rec(2, "a"), lane, &stats);
-        assert!(h.start(&first, lane, &stats));
-        assert_eq!(h.revoke(&stats), 2);
-        let done = h.finish(&first, lane, true, &stats);
-        assert!(done.next.is_none(), "a revoked partition hands out no more work");
-        assert_eq!(stats.snapshot().in_flight, 0);
-        assert!(h.wait_idle(Instant::now()));
-        assert!(matches!(h.admit(rec(3, "a"), lane, &stats).0, Admit::Ignored));
+    /// The processing future of one record: waits for a concurrency permit, then runs the retry loop.
+    fn process(&self, (lane, record): (LaneId, Record)) -> impl Future<Output = Finished> + use<P> {
+        let shared = self.shared.clone();
+        let epoch = self.handle.epoch;
+        async move {
+            let outcome = match shared.concurrency.acquire().await {
+                Ok(_permit) => {
+                    shared.stats.started();
+                    let outcome = attempt_until_done(&shared, epoch, &record).await;
+                    shared.stats.running.fetch_sub(1, Relaxed);
+                    outcome
+                }
+                Err(_) => Outcome::Abandoned,
+            };
+            Finished { lane, offset: record.offset, bytes: record.byte_len() as u64, outcome }
+        }
     }
 
-    #[test]
-    fn failed_record_blocks_the_commit() {
-        let stats = Stats::default();
-        let h = PartitionHandle::new("t".into(), 0, 1);
-        let Admit::Spawn(r0) = h.admit(rec(0, "a"), LaneId::Record(0), &stats).0 else { panic!() };
-        let Admit::Spawn(r1) = h.admit(rec(1, "b"), LaneId::Record(1), &stats).0 else { panic!() };
-        h.start(&r0, LaneId::Record(0), &stats);
-        h.start(&r1, LaneId::Record(1), &stats);
-        h.finish(&r1, LaneId::Record(1), true, &stats);
-        h.finish(&r0, LaneId::Record(0), false, &stats);
-        assert_eq!(h.committable(), Some(0));
+    /// Books a finished record and returns the next record of its lane, if it should start.
+    fn finish(&mut self, f: Finished) -> Option<(LaneId, Record)> {
+        match f.outcome {
+            Outcome::Done => {
+                Stats::bump(&self.shared.stats.processed);
+                if self.tracker.complete(f.offset) {
+                    self.publish();
+                }
+            }
+            Outcome::Failed(e) => {
+                Stats::bump(&self.shared.stats.failed);
+                tracing::error!(
+                    pipeline = %self.shared.config.name, topic = %self.handle.topic, partition = self.handle.partition,
+                    offset = f.offset, error = %e, "record failed; its offset will not be committed past"
+                );
+            }
+            Outcome::Abandoned => {}
+        }
+        self.release(f.bytes);
+        let next = self.lanes.get_mut(&f.lane).and_then(VecDeque::pop_front);
+        if next.is_none() {
+            self.lanes.remove(&f.lane);
+        }
+        next.map(|r| (f.lane, r))
+    }
+
+    fn publish(&self) {
+        if let Some(c) = self.tracker.committable() {
+            self.handle.committable.store(c, Relaxed);
+        }
+    }
+
+    /// Drops every queued (not started) record: they stay uncommitted and are redelivered later.
+    fn drop_queued(&mut self) {
+        let queued: Vec<Record> = self.lanes.values_mut().flat_map(|q| q.drain(..)).collect();
+        self.shared.stats.discarded_on_revoke.fetch_add(queued.len() as u64, Relaxed);
+        for record in queued {
+            self.release(record.byte_len() as u64);
+        }
+    }
+
+    /// One record left the partition (finished or dropped).
+    fn release(&self, bytes: u64) {
+        let left = self.handle.buffered.fetch_sub(1, Relaxed) - 1;
+        self.shared.stats.sub_in_flight(1, bytes);
+        if self.handle.is_paused() && left <= self.shared.config.bounds.max_in_flight_per_partition / 2 {
+            self.shared.resume_hint.store(true, Relaxed);
+        }
+        self.shared.wake_poller();
     }
 }

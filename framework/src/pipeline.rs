@@ -1,45 +1,89 @@
-//! The pipeline: builds the Kafka clients, runs the poll thread, and dispatches records to lanes.
+//! The pipeline: builds the Kafka clients and runs the poll thread.
 //!
-//! The path of one record: the poll thread polls it, the [`PartitionHandle`] tracks its offset and
-//! routes it to its key lane, a lane worker runs the processor (retrying transient failures), the
-//! outputs' acknowledgements are awaited, the handle completes the offset, and the poll thread
-//! commits the contiguous completed prefix every `commit_interval`, at revoke and at shutdown.
+//! The path of one record: the poll thread polls it and batches it to its partition's task
+//! ([`partition`](crate::partition)); the task tracks its offset and routes it to its key lane; the
+//! lane runs the processor ([`attempt`](crate::attempt), retrying transient failures); once the
+//! outputs are acknowledged the task completes the offset and publishes the new committable offset;
+//! the poll thread commits the contiguous completed prefix every `commit_interval`, at revoke and at
+//! shutdown.
 //!
 //! The poll thread is a dedicated OS thread that never runs user code, so the member keeps polling
-//! (and stays in the group) however slow the processors are; backpressure pauses partitions instead
-//! of stopping the poll (I4).
+//! (and stays in the group) however slow the processors are (I4). Backpressure: when the total of
+//! in-flight records or bytes reaches its bound the poll thread stops taking records (it still polls at
+//! least every 100 ms, so rebalances and the poll interval are served, admitting at most one record per
+//! such poll); when one partition reaches its own bound that partition is paused until it drains to
+//! half.
 
 use crate::config::PipelineConfig;
+use crate::context::RuntimeHandles;
 use crate::error::{ConfigError, Error};
 use crate::kafka_log::{KafkaLog, Producer, ProducerHooks, is_fatal};
-use crate::partition::{Admit, LaneId, PartitionHandle};
+use crate::partition::PartitionHandle;
 use crate::processor::Processor;
-use crate::rebalance::{Assignments, Hooks, commit_now};
+use crate::rebalance::{Assignments, Hooks, Starter, commit_now};
 use crate::record::Record;
 use crate::stats::Stats;
-use crate::worker::run_lane;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-/// What the poll thread and the lane workers share.
+/// Records handed to a partition task in one message, at most.
+const BATCH: usize = 512;
+/// Longest the poll thread blocks in one poll or one backpressure wait.
+const POLL_WAIT: Duration = Duration::from_millis(100);
+
+/// What the poll thread and the partition tasks share.
 pub(crate) struct Shared<P> {
     pub(crate) processor: P,
     pub(crate) config: PipelineConfig,
-    pub(crate) producer: Producer,
+    pub(crate) handles: Arc<RuntimeHandles>,
     pub(crate) stats: Arc<Stats>,
     pub(crate) concurrency: Semaphore,
-    /// Cancelled when shutdown starts; processors see it through their context.
-    pub(crate) shutdown: CancellationToken,
-    /// Set by workers when a paused partition has drained enough to resume.
+    /// Set by partition tasks when a paused partition has drained enough to resume.
     pub(crate) resume_hint: AtomicBool,
+    poller: PollerWake,
+}
+
+/// Lets partition tasks wake the poll thread while it waits for in-flight room.
+#[derive(Default)]
+struct PollerWake {
+    waiting: AtomicBool,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl<P> Shared<P> {
+    /// Wakes the poll thread if it waits for room (cheap when it does not).
+    pub(crate) fn wake_poller(&self) {
+        if self.poller.waiting.load(Relaxed) {
+            let _guard = self.poller.lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.poller.cv.notify_one();
+        }
+    }
+
+    /// Whether in-flight work, plus `pending` records of `pending_bytes` not handed over yet, reached
+    /// the total bounds.
+    fn over_total(&self, pending: usize, pending_bytes: usize) -> bool {
+        let b = &self.config.bounds;
+        self.stats.in_flight.load(Relaxed) + pending as u64 >= b.max_in_flight_total as u64
+            || self.stats.buffered_bytes.load(Relaxed) + pending_bytes as u64 >= b.max_buffered_bytes as u64
+    }
+
+    /// Blocks the poll thread until in-flight work drops under the total bounds, or `POLL_WAIT` passed.
+    fn wait_for_room(&self) {
+        let guard = self.poller.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.poller.waiting.store(true, Relaxed);
+        let _ = self.poller.cv.wait_timeout_while(guard, POLL_WAIT, |_| self.over_total(0, 0));
+        self.poller.waiting.store(false, Relaxed);
+    }
 }
 
 /// A consumer group member running a [`Processor`].
@@ -78,6 +122,7 @@ impl<P: Processor> Pipeline<P> {
         let log = Arc::new(KafkaLog::new(config.name.clone()));
         let hooks = Hooks {
             assignments: Arc::new(Mutex::new(Assignments::default())),
+            starter: OnceLock::new(),
             stats: stats.clone(),
             drain_timeout: config.drain_timeout,
             name: config.name.clone(),
@@ -88,15 +133,14 @@ impl<P: Processor> Pipeline<P> {
             consumer_config(&config).create_with_context(hooks).map_err(client_creation("consumer"))?;
         let producer: Producer =
             producer_config(&config).create_with_context(ProducerHooks(log)).map_err(client_creation("producer"))?;
-        let concurrency = Semaphore::new(config.bounds.max_concurrency);
         let shared = Shared {
             processor,
+            concurrency: Semaphore::new(config.bounds.max_concurrency),
             config,
-            producer,
+            handles: Arc::new(RuntimeHandles { producer, shutdown: CancellationToken::new() }),
             stats,
-            concurrency,
-            shutdown: CancellationToken::new(),
             resume_hint: AtomicBool::new(false),
+            poller: PollerWake::default(),
         };
         Ok(Self { shared: Arc::new(shared), consumer, stop: CancellationToken::new() })
     }
@@ -122,12 +166,19 @@ impl<P: Processor> Pipeline<P> {
     /// Runs until the [`shutdown_token`](Self::shutdown_token) is cancelled or a fatal error occurs.
     pub async fn run(self) -> Result<RunSummary, Error> {
         let Pipeline { shared, consumer, stop } = self;
-        let handle = tokio::runtime::Handle::current();
+        let runtime = tokio::runtime::Handle::current();
+        let starter: Starter = {
+            let (shared, runtime) = (shared.clone(), runtime.clone());
+            Box::new(move |topic, partition, epoch| PartitionHandle::start(&shared, &runtime, topic, partition, epoch))
+        };
+        if consumer.context().starter.set(starter).is_err() {
+            return Err(Error::Runtime("pipeline started twice".into()));
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
             .name("millrace-poll".into())
             .spawn(move || {
-                let result = PollLoop { shared, consumer: &consumer, runtime: handle, stop }.run();
+                let result = PollLoop { shared, consumer: &consumer, stop }.run();
                 drop(consumer); // leaves the group (runs the final revoke) before reporting
                 let _ = tx.send(result);
             })
@@ -162,7 +213,10 @@ fn consumer_config(config: &PipelineConfig) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("partition.assignment.strategy", "cooperative-sticky")
         .set("auto.offset.reset", "earliest")
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        // librdkafka's default (1 s) idles a partition for a second whenever its prefetch queue was
+        // full, which a busy pipeline hits constantly.
+        .set("fetch.queue.backoff.ms", "20");
     for (k, v) in config.kafka.iter().chain(&config.consumer) {
         c.set(k, v);
     }
@@ -186,8 +240,16 @@ fn producer_config(config: &PipelineConfig) -> ClientConfig {
 struct PollLoop<'c, P> {
     shared: Arc<Shared<P>>,
     consumer: &'c BaseConsumer<Hooks>,
-    runtime: tokio::runtime::Handle,
     stop: CancellationToken,
+}
+
+/// Records polled but not yet handed to their partition tasks.
+#[derive(Default)]
+struct Batches {
+    /// By assignment epoch.
+    by_epoch: HashMap<u64, (Arc<PartitionHandle>, Vec<Record>)>,
+    records: usize,
+    bytes: usize,
 }
 
 impl<P: Processor> PollLoop<'_, P> {
@@ -201,20 +263,34 @@ impl<P: Processor> PollLoop<'_, P> {
         tracing::info!(pipeline = %self.shared.config.name, ?topics, "subscribed");
         let interval = self.shared.config.commit_interval;
         let mut next_commit = Instant::now() + interval;
+        let mut batches = Batches::default();
         let mut result = Ok(());
         while !self.stop.is_cancelled() {
+            if self.shared.over_total(batches.records, batches.bytes) {
+                self.flush(&mut batches);
+                self.shared.wait_for_room();
+            }
             let paused = self.shared.stats.paused_partitions.load(Relaxed) > 0;
-            let timeout = if paused { Duration::from_millis(5) } else { Duration::from_millis(100) };
-            match self.consumer.poll(timeout) {
-                None => {}
-                Some(Ok(msg)) => self.dispatch(&msg),
+            let wait = if batches.records > 0 {
+                Duration::ZERO
+            } else if paused {
+                Duration::from_millis(5)
+            } else {
+                POLL_WAIT
+            };
+            match self.consumer.poll(wait) {
+                None => self.flush(&mut batches),
+                Some(Ok(msg)) => {
+                    self.batch(&msg, &mut batches);
+                    if batches.records >= BATCH {
+                        self.flush(&mut batches);
+                    }
+                }
                 Some(Err(e)) if is_fatal(&e) => {
                     result = Err(Error::Kafka(e));
                     break;
                 }
-                Some(Err(e)) => {
-                    tracing::warn!(pipeline = %self.shared.config.name, error = %e, "consumer error (retrying)")
-                }
+                Some(Err(e)) => self.hooks().log.warn("consumer error", &e.to_string()),
             }
             if let Some(e) = self.hooks().log.take_fatal() {
                 result = Err(Error::Kafka(e));
@@ -224,6 +300,7 @@ impl<P: Processor> PollLoop<'_, P> {
                 self.resume_drained();
             }
             if Instant::now() >= next_commit {
+                self.flush(&mut batches);
                 self.commit_progress();
                 if paused {
                     self.resume_drained();
@@ -231,32 +308,46 @@ impl<P: Processor> PollLoop<'_, P> {
                 next_commit = Instant::now() + interval;
             }
         }
+        // Records batched but never handed over were not tracked: they are simply not committed.
+        drop(batches);
         let drained = self.shutdown(result.is_ok());
         let s = self.shared.stats.snapshot();
         result.map(|()| RunSummary { processed: s.processed, failed: s.failed, drained })
     }
 
-    fn dispatch(&self, msg: &rdkafka::message::BorrowedMessage<'_>) {
-        let bounds = self.shared.config.bounds;
-        let handle = match self.hooks().lock().get(msg.topic(), msg.partition()) {
-            Some(h) => h.clone(),
-            None => return, // prefetched for a partition no longer owned: never tracked, never committed
+    /// Copies a polled message into its partition's batch, unless the partition is not owned
+    /// (prefetched before a revoke: never tracked, so never committed).
+    fn batch(&self, msg: &rdkafka::message::BorrowedMessage<'_>, batches: &mut Batches) {
+        let Some(handle) = self.hooks().lock().get(msg.topic(), msg.partition()).cloned() else {
+            return;
         };
         let record = Record::from_message(msg, handle.topic.clone());
-        let lane = LaneId::of(self.shared.config.ordering, &record);
         Stats::bump(&self.shared.stats.polled);
-        let (admit, buffered) = handle.admit(record, lane, &self.shared.stats);
-        if let Admit::Spawn(record) = admit {
-            self.runtime.spawn(run_lane(self.shared.clone(), handle.clone(), lane, record));
+        batches.records += 1;
+        batches.bytes += record.byte_len();
+        let (handle, batch) = batches.by_epoch.entry(handle.epoch).or_insert_with(|| (handle, Vec::with_capacity(64)));
+        batch.push(record);
+        if handle.buffered() + batch.len() >= self.shared.config.bounds.max_in_flight_per_partition {
+            self.flush(batches); // hands the batch over now, and pauses the partition
         }
-        let s = &self.shared.stats;
-        if buffered >= bounds.max_in_flight_per_partition {
-            self.pause(&[handle]);
-        } else if s.in_flight.load(Relaxed) >= bounds.max_in_flight_total as u64
-            || s.buffered_bytes.load(Relaxed) >= bounds.max_buffered_bytes as u64
-        {
-            let all: Vec<_> = self.hooks().lock().handles().cloned().collect();
-            self.pause(&all);
+    }
+
+    /// Hands every batch to its partition task, pausing partitions that reached their bound.
+    fn flush(&self, batches: &mut Batches) {
+        if batches.records == 0 {
+            return;
+        }
+        batches.records = 0;
+        batches.bytes = 0;
+        let bound = self.shared.config.bounds.max_in_flight_per_partition;
+        let mut full = Vec::new();
+        for (_, (handle, records)) in batches.by_epoch.drain() {
+            if handle.send(records, &self.shared.stats) >= bound {
+                full.push(handle);
+            }
+        }
+        if !full.is_empty() {
+            self.pause(&full);
         }
     }
 
@@ -275,21 +366,15 @@ impl<P: Processor> PollLoop<'_, P> {
         }
     }
 
-    /// Resumes paused partitions that drained below half their bound, while the totals allow it.
+    /// Resumes paused partitions that drained to half their bound.
     fn resume_drained(&self) {
-        let b = self.shared.config.bounds;
-        let s = &self.shared.stats;
-        if s.in_flight.load(Relaxed) > b.max_in_flight_total as u64 / 2
-            || s.buffered_bytes.load(Relaxed) > b.max_buffered_bytes as u64 / 2
-        {
-            return;
-        }
+        let half = self.shared.config.bounds.max_in_flight_per_partition / 2;
         let mut tpl = TopicPartitionList::new();
         for h in self.hooks().lock().handles() {
-            if h.is_paused() && h.buffered() <= b.max_in_flight_per_partition / 2 {
+            if h.is_paused() && h.buffered() <= half {
                 tpl.add_partition(&h.topic, h.partition);
                 h.set_paused(false);
-                s.paused_partitions.fetch_sub(1, Relaxed);
+                self.shared.stats.paused_partitions.fetch_sub(1, Relaxed);
             }
         }
         if tpl.count() > 0
@@ -314,51 +399,44 @@ impl<P: Processor> PollLoop<'_, P> {
         }
         if commit_now(self.consumer, &tpl, CommitMode::Async, &self.shared.stats) {
             for (h, offset) in moved {
-                h.set_committed(Some(offset));
+                h.set_committed(offset);
             }
         } else {
             self.hooks().recommit.store(true, Relaxed);
         }
     }
 
-    /// Graceful stop: pause everything, let buffered records finish until the drain deadline, commit
-    /// synchronously, then stop the remaining workers. Returns whether everything finished.
-    fn shutdown(&self, graceful: bool) -> bool {
+    /// Stop: every partition task finishes its running and queued records until the drain deadline;
+    /// the completed prefixes are committed synchronously (unless stopping on a fatal error); then the
+    /// partitions are given up. Returns whether everything finished in time.
+    fn shutdown(&self, commit: bool) -> bool {
         let name = &self.shared.config.name;
-        self.shared.shutdown.cancel();
-        let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
-        self.pause(&handles);
+        let in_flight = self.shared.stats.in_flight.load(Relaxed);
+        tracing::info!(pipeline = %name, in_flight, "shutting down: draining");
+        // Processors can see the shutdown (and retries waiting on a backoff give up at once).
+        self.shared.handles.shutdown.cancel();
+        let released = self.hooks().lock().drain_all();
         let deadline = Instant::now() + self.shared.config.drain_timeout;
-        let mut drained = true;
-        if graceful {
-            tracing::info!(pipeline = %name, in_flight = self.shared.stats.in_flight.load(Relaxed), "shutting down: draining");
-            // Keep serving the consumer (rebalance callbacks, heartbeats) while workers finish.
-            while self.shared.stats.in_flight.load(Relaxed) > 0 {
-                if Instant::now() >= deadline {
-                    drained = false;
-                    tracing::warn!(pipeline = %name, "drain deadline passed; committing only the completed prefix");
-                    break;
-                }
-                if let Some(Ok(msg)) = self.consumer.poll(Duration::from_millis(10)) {
-                    drop(msg); // fetched before the pause took effect: not tracked, so never committed
-                }
-            }
+        let stops: Vec<_> = released.iter().map(|h| h.stop(true, deadline)).collect();
+        // Wait for every task (no short-circuit): each must reach idle or the deadline.
+        let idle: Vec<bool> = stops.into_iter().map(|s| s.wait()).collect();
+        let drained = idle.iter().all(|&i| i);
+        if !drained {
+            tracing::warn!(pipeline = %name, "drain deadline passed; committing only the completed prefix");
+        }
+        if commit {
             let mut tpl = TopicPartitionList::new();
-            for h in self.hooks().lock().handles() {
+            for h in &released {
                 if let Some(offset) = h.committable() {
                     let _ = tpl.add_partition_offset(&h.topic, h.partition, Offset::Offset(offset));
                 }
             }
             commit_now(self.consumer, &tpl, CommitMode::Sync, &self.shared.stats);
         }
-        // Give every partition up: later completions go to handles nobody commits through (I5).
-        let released = self.hooks().lock().drain_all();
-        for h in &released {
-            h.revoke(&self.shared.stats);
-        }
-        self.shared.stats.revocations.fetch_add(released.len() as u64, Relaxed);
-        self.shared.stats.assigned_partitions.store(0, Relaxed);
-        self.shared.stats.paused_partitions.store(0, Relaxed);
+        let s = &self.shared.stats;
+        s.revocations.fetch_add(released.len() as u64, Relaxed);
+        s.assigned_partitions.store(0, Relaxed);
+        s.paused_partitions.store(0, Relaxed);
         tracing::info!(pipeline = %name, drained, "stopped");
         drained
     }

@@ -15,8 +15,11 @@ use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
+
+/// Starts the task of a newly assigned partition: `(topic, partition, epoch)`.
+pub(crate) type Starter = Box<dyn Fn(Arc<str>, i32, u64) -> Arc<PartitionHandle> + Send + Sync>;
 
 /// The partitions this member owns now, by topic and partition.
 #[derive(Debug, Default)]
@@ -34,10 +37,10 @@ impl Assignments {
         self.by_topic.values().flat_map(HashMap::values)
     }
 
-    fn insert(&mut self, topic: &str, partition: i32) {
+    fn insert(&mut self, topic: &str, partition: i32, start: &Starter) {
         self.next_epoch += 1;
         let topic: Arc<str> = self.by_topic.get_key_value(topic).map_or_else(|| topic.into(), |(k, _)| k.clone());
-        let handle = Arc::new(PartitionHandle::new(topic.clone(), partition, self.next_epoch));
+        let handle = start(topic.clone(), partition, self.next_epoch);
         self.by_topic.entry(topic).or_default().insert(partition, handle);
     }
 
@@ -58,6 +61,8 @@ impl Assignments {
 /// The consumer's context: rebalance hooks, commit results and librdkafka's logs and errors.
 pub(crate) struct Hooks {
     pub(crate) assignments: Arc<Mutex<Assignments>>,
+    /// Set when the pipeline runs (it needs the runtime).
+    pub(crate) starter: OnceLock<Starter>,
     pub(crate) stats: Arc<Stats>,
     pub(crate) drain_timeout: Duration,
     pub(crate) name: String,
@@ -78,23 +83,23 @@ impl Hooks {
             let mut a = self.lock();
             tpl.elements().iter().filter_map(|e| a.remove(e.topic(), e.partition())).collect()
         };
-        let mut discarded = 0;
-        for h in &handles {
-            discarded += h.revoke(&self.stats);
+        if handles.is_empty() {
+            return;
         }
-        self.stats.discarded_on_revoke.fetch_add(discarded as u64, Relaxed);
         self.stats.revocations.fetch_add(handles.len() as u64, Relaxed);
         self.stats.assigned_partitions.fetch_sub(handles.len() as u64, Relaxed);
         let paused = handles.iter().filter(|h| h.is_paused()).count() as u64;
         self.stats.paused_partitions.fetch_sub(paused, Relaxed);
+        // Queued records are dropped; running ones may finish until the deadline (none when lost).
+        let deadline = if lost { Instant::now() } else { Instant::now() + self.drain_timeout };
+        let stops: Vec<_> = handles.iter().map(|h| h.stop(false, deadline)).collect();
         if lost {
             tracing::warn!(pipeline = %self.name, partitions = handles.len(), "partitions lost; not committing (another member owns them)");
             return;
         }
-        let deadline = Instant::now() + self.drain_timeout;
         let mut commit = TopicPartitionList::new();
-        for h in &handles {
-            if !h.wait_idle(deadline) {
+        for (h, stop) in handles.iter().zip(stops) {
+            if !stop.wait() {
                 tracing::warn!(pipeline = %self.name, topic = %h.topic, partition = h.partition,
                     "drain deadline passed on revoke; committing only the completed prefix");
             }
@@ -102,14 +107,18 @@ impl Hooks {
                 let _ = commit.add_partition_offset(&h.topic, h.partition, Offset::Offset(offset));
             }
         }
-        tracing::info!(pipeline = %self.name, revoked = handles.len(), discarded, "partitions revoked");
+        tracing::info!(pipeline = %self.name, revoked = handles.len(), "partitions revoked");
         commit_now(consumer, &commit, CommitMode::Sync, &self.stats);
     }
 
     fn assign(&self, tpl: &TopicPartitionList) {
+        let Some(start) = self.starter.get() else {
+            tracing::error!(pipeline = %self.name, "partitions assigned before the pipeline runs");
+            return;
+        };
         let mut a = self.lock();
         for e in tpl.elements() {
-            a.insert(e.topic(), e.partition());
+            a.insert(e.topic(), e.partition(), start);
         }
         let n = tpl.count() as u64;
         self.stats.assignments.fetch_add(n, Relaxed);

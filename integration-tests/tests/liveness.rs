@@ -2,7 +2,7 @@
 //! evicted, and a large backlog behind a slow handler keeps memory bounded (I4).
 
 use anyhow::Result;
-use millrace::{Bounds, Context, Pipeline, PipelineConfig, ProcessError, Processor, Record};
+use millrace::{Context, Pipeline, PipelineConfig, ProcessError, Processor, Record};
 use millrace_integration_tests::*;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
