@@ -28,7 +28,8 @@ pub enum Ordering {
 pub struct Bounds {
     /// Records handed to processors at the same moment, across all partitions.
     pub max_concurrency: usize,
-    /// Polled, unfinished records per partition before that partition is paused.
+    /// Polled, unfinished records per partition before that partition is paused (so that one slow
+    /// partition cannot take the whole budget). Off while it is not below `max_in_flight_total`.
     pub max_in_flight_per_partition: usize,
     /// Polled, unfinished records in total before every partition is paused.
     pub max_in_flight_total: usize,
@@ -40,7 +41,7 @@ impl Default for Bounds {
     fn default() -> Self {
         Self {
             max_concurrency: 256,
-            max_in_flight_per_partition: 2_000,
+            max_in_flight_per_partition: 10_000,
             max_in_flight_total: 10_000,
             max_buffered_bytes: 64 << 20,
         }

@@ -55,8 +55,15 @@ impl OffsetTracker {
 
     /// Marks `offset` finished. Unknown offsets are ignored. Returns whether it was in flight.
     pub fn complete(&mut self, offset: i64) -> bool {
-        let Ok(idx) = self.window.binary_search_by_key(&offset, |&(o, _)| o) else {
-            return false;
+        // Offsets are usually contiguous, so the position is almost always `offset - first`.
+        let guess = self.window.front().map_or(usize::MAX, |&(first, _)| offset.wrapping_sub(first) as usize);
+        let idx = if self.window.get(guess).is_some_and(|&(o, _)| o == offset) {
+            guess
+        } else {
+            match self.window.binary_search_by_key(&offset, |&(o, _)| o) {
+                Ok(idx) => idx,
+                Err(_) => return false,
+            }
         };
         let was_pending = !self.window[idx].1;
         self.window[idx].1 = true;

@@ -19,11 +19,13 @@ use crate::pipeline::Shared;
 use crate::processor::Processor;
 use crate::record::Record;
 use crate::stats::Stats;
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use rustc_hash::{FxBuildHasher, FxHashMap};
+use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::hash::BuildHasher;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
@@ -43,7 +45,7 @@ pub(crate) enum LaneId {
 impl LaneId {
     pub(crate) fn of(ordering: Ordering, record: &Record) -> Self {
         match (ordering, &record.key) {
-            (Ordering::Key, Some(key)) => LaneId::Key(BuildHasherDefault::<DefaultHasher>::default().hash_one(key)),
+            (Ordering::Key, Some(key)) => LaneId::Key(FxBuildHasher.hash_one(key)),
             (Ordering::Key, None) | (Ordering::Partition, _) => LaneId::Partition,
             (Ordering::Unordered, _) => LaneId::Record(record.offset),
         }
@@ -187,18 +189,21 @@ struct PartitionTask<P> {
     ordering: Ordering,
     tracker: OffsetTracker,
     /// Present while a record of the lane runs; holds the lane's waiting records.
-    lanes: HashMap<LaneId, VecDeque<Record>>,
+    lanes: FxHashMap<LaneId, VecDeque<Record>>,
     stopping: Option<Stopping>,
 }
+
+/// Records being processed by a partition task, whatever the processor's future type.
+type Running = FuturesUnordered<Pin<Box<dyn Future<Output = Finished> + Send>>>;
 
 impl<P: Processor> PartitionTask<P> {
     fn new(shared: Arc<Shared<P>>, handle: Arc<PartitionHandle>) -> Self {
         let ordering = shared.config.ordering;
-        Self { shared, handle, ordering, tracker: OffsetTracker::new(), lanes: HashMap::new(), stopping: None }
+        Self { shared, handle, ordering, tracker: OffsetTracker::new(), lanes: FxHashMap::default(), stopping: None }
     }
 
     async fn run(mut self, mut rx: UnboundedReceiver<Command>) {
-        let mut running = FuturesUnordered::new();
+        let mut running = Running::new();
         loop {
             if let Some(stop) = &mut self.stopping {
                 let idle = running.is_empty();
@@ -228,7 +233,7 @@ impl<P: Processor> PartitionTask<P> {
                     Some(Command::Records(batch)) => {
                         for record in batch {
                             if let Some(start) = self.admit(record) {
-                                running.push(self.process(start));
+                                self.launch(&mut running, start);
                             }
                         }
                     }
@@ -247,7 +252,7 @@ impl<P: Processor> PartitionTask<P> {
                 },
                 Some(finished) = running.next(), if !running.is_empty() => {
                     if let Some(next) = self.finish(finished) {
-                        running.push(self.process(next));
+                        self.launch(&mut running, next);
                     }
                 }
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()), if deadline.is_some() => {}
@@ -274,8 +279,23 @@ impl<P: Processor> PartitionTask<P> {
         }
     }
 
+    /// Starts processing a lane's record. A processor that finishes without waiting completes inline,
+    /// and its lane's next record starts at once; only records that wait join `running`.
+    fn launch(&mut self, running: &mut Running, mut start: (LaneId, Record)) {
+        loop {
+            let mut processing = Box::pin(self.process(start));
+            match (&mut processing).now_or_never() {
+                None => return running.push(processing),
+                Some(finished) => match self.finish(finished) {
+                    Some(next) => start = next,
+                    None => return,
+                },
+            }
+        }
+    }
+
     /// The processing future of one record: waits for a concurrency permit, then runs the retry loop.
-    fn process(&self, (lane, record): (LaneId, Record)) -> impl Future<Output = Finished> + use<P> {
+    fn process(&self, (lane, record): (LaneId, Record)) -> impl Future<Output = Finished> + Send + use<P> {
         let shared = self.shared.clone();
         let epoch = self.handle.epoch;
         async move {

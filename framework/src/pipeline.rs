@@ -29,7 +29,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
@@ -63,7 +63,9 @@ struct PollerWake {
 impl<P> Shared<P> {
     /// Wakes the poll thread if it waits for room (cheap when it does not).
     pub(crate) fn wake_poller(&self) {
-        if self.poller.waiting.load(Relaxed) {
+        // SeqCst pairs with the swap in `wait_for_room` (the in-flight count was just decremented by
+        // an atomic read-modify-write), so a waiting poll thread is never missed.
+        if self.poller.waiting.load(SeqCst) && !self.over_low_water() {
             let _guard = self.poller.lock.lock().unwrap_or_else(|p| p.into_inner());
             self.poller.cv.notify_one();
         }
@@ -77,12 +79,20 @@ impl<P> Shared<P> {
             || self.stats.buffered_bytes.load(Relaxed) + pending_bytes as u64 >= b.max_buffered_bytes as u64
     }
 
-    /// Blocks the poll thread until in-flight work drops under the total bounds, or `POLL_WAIT` passed.
+    /// Whether in-flight work is above three quarters of the total bounds: the poll thread, once
+    /// throttled, resumes below that, so that it refills in large batches rather than one by one.
+    fn over_low_water(&self) -> bool {
+        let b = &self.config.bounds;
+        self.stats.in_flight.load(Relaxed) > (b.max_in_flight_total as u64 * 3 / 4)
+            || self.stats.buffered_bytes.load(Relaxed) > (b.max_buffered_bytes as u64 * 3 / 4)
+    }
+
+    /// Blocks the poll thread until in-flight work drops under the low-water mark, or `POLL_WAIT` passed.
     fn wait_for_room(&self) {
         let guard = self.poller.lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.poller.waiting.store(true, Relaxed);
-        let _ = self.poller.cv.wait_timeout_while(guard, POLL_WAIT, |_| self.over_total(0, 0));
-        self.poller.waiting.store(false, Relaxed);
+        self.poller.waiting.swap(true, SeqCst);
+        let _ = self.poller.cv.wait_timeout_while(guard, POLL_WAIT, |_| self.over_low_water());
+        self.poller.waiting.store(false, SeqCst);
     }
 }
 
@@ -127,6 +137,7 @@ impl<P: Processor> Pipeline<P> {
             drain_timeout: config.drain_timeout,
             name: config.name.clone(),
             recommit: AtomicBool::new(false),
+            version: AtomicU64::new(0),
             log: log.clone(),
         };
         let consumer: BaseConsumer<Hooks> =
@@ -237,6 +248,31 @@ fn producer_config(config: &PipelineConfig) -> ClientConfig {
     c
 }
 
+/// The last partition handle looked up, valid while the assignment has not changed: records arrive in
+/// runs from one partition, so this saves a locked map lookup per record.
+#[derive(Default)]
+struct HandleCache {
+    version: u64,
+    last: Option<Arc<PartitionHandle>>,
+}
+
+impl HandleCache {
+    fn get(&mut self, hooks: &Hooks, topic: &str, partition: i32) -> Option<Arc<PartitionHandle>> {
+        let version = hooks.version.load(Relaxed);
+        if let Some(h) = &self.last
+            && self.version == version
+            && h.partition == partition
+            && &*h.topic == topic
+        {
+            return Some(h.clone());
+        }
+        let found = hooks.lock().get(topic, partition).cloned();
+        self.version = version;
+        self.last = found.clone();
+        found
+    }
+}
+
 struct PollLoop<'c, P> {
     shared: Arc<Shared<P>>,
     consumer: &'c BaseConsumer<Hooks>,
@@ -264,6 +300,7 @@ impl<P: Processor> PollLoop<'_, P> {
         let interval = self.shared.config.commit_interval;
         let mut next_commit = Instant::now() + interval;
         let mut batches = Batches::default();
+        let mut cache = HandleCache::default();
         let mut result = Ok(());
         while !self.stop.is_cancelled() {
             if self.shared.over_total(batches.records, batches.bytes) {
@@ -278,12 +315,16 @@ impl<P: Processor> PollLoop<'_, P> {
             } else {
                 POLL_WAIT
             };
+            let mut check_clock = true;
             match self.consumer.poll(wait) {
                 None => self.flush(&mut batches),
                 Some(Ok(msg)) => {
-                    self.batch(&msg, &mut batches);
+                    self.batch(&msg, &mut batches, &mut cache);
+                    // Reading the clock per record is measurable; do it once per batch.
+                    check_clock = batches.records == 0;
                     if batches.records >= BATCH {
                         self.flush(&mut batches);
+                        check_clock = true;
                     }
                 }
                 Some(Err(e)) if is_fatal(&e) => {
@@ -299,7 +340,7 @@ impl<P: Processor> PollLoop<'_, P> {
             if paused && self.shared.resume_hint.swap(false, Relaxed) {
                 self.resume_drained();
             }
-            if Instant::now() >= next_commit {
+            if check_clock && Instant::now() >= next_commit {
                 self.flush(&mut batches);
                 self.commit_progress();
                 if paused {
@@ -317,18 +358,17 @@ impl<P: Processor> PollLoop<'_, P> {
 
     /// Copies a polled message into its partition's batch, unless the partition is not owned
     /// (prefetched before a revoke: never tracked, so never committed).
-    fn batch(&self, msg: &rdkafka::message::BorrowedMessage<'_>, batches: &mut Batches) {
-        let Some(handle) = self.hooks().lock().get(msg.topic(), msg.partition()).cloned() else {
+    fn batch(&self, msg: &rdkafka::message::BorrowedMessage<'_>, batches: &mut Batches, cache: &mut HandleCache) {
+        let Some(handle) = cache.get(self.hooks(), msg.topic(), msg.partition()) else {
             return;
         };
         let record = Record::from_message(msg, handle.topic.clone());
-        Stats::bump(&self.shared.stats.polled);
         batches.records += 1;
         batches.bytes += record.byte_len();
         let (handle, batch) = batches.by_epoch.entry(handle.epoch).or_insert_with(|| (handle, Vec::with_capacity(64)));
         batch.push(record);
         if handle.buffered() + batch.len() >= self.shared.config.bounds.max_in_flight_per_partition {
-            self.flush(batches); // hands the batch over now, and pauses the partition
+            self.flush(batches); // hands the batch over now, and pauses the partition if need be
         }
     }
 
@@ -337,12 +377,16 @@ impl<P: Processor> PollLoop<'_, P> {
         if batches.records == 0 {
             return;
         }
+        self.shared.stats.polled.fetch_add(batches.records as u64, Relaxed);
         batches.records = 0;
         batches.bytes = 0;
-        let bound = self.shared.config.bounds.max_in_flight_per_partition;
+        let bounds = &self.shared.config.bounds;
+        // The per-partition bound pauses a partition (librdkafka then drops what it prefetched for
+        // it); when it is not below the total bound, throttling the poll is enough and cheaper.
+        let per_partition = bounds.max_in_flight_per_partition < bounds.max_in_flight_total;
         let mut full = Vec::new();
         for (_, (handle, records)) in batches.by_epoch.drain() {
-            if handle.send(records, &self.shared.stats) >= bound {
+            if handle.send(records, &self.shared.stats) >= bounds.max_in_flight_per_partition && per_partition {
                 full.push(handle);
             }
         }
@@ -416,6 +460,7 @@ impl<P: Processor> PollLoop<'_, P> {
         // Processors can see the shutdown (and retries waiting on a backoff give up at once).
         self.shared.handles.shutdown.cancel();
         let released = self.hooks().lock().drain_all();
+        self.hooks().version.fetch_add(1, Relaxed);
         let deadline = Instant::now() + self.shared.config.drain_timeout;
         let stops: Vec<_> = released.iter().map(|h| h.stop(true, deadline)).collect();
         // Wait for every task (no short-circuit): each must reach idle or the deadline.

@@ -14,7 +14,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -68,6 +68,8 @@ pub(crate) struct Hooks {
     pub(crate) name: String,
     /// Set when an async commit failed, so the next tick commits again.
     pub(crate) recommit: AtomicBool,
+    /// Bumped whenever the assignment changes (invalidates the poll thread's handle cache).
+    pub(crate) version: AtomicU64,
     /// Throttled logs, and the fatal error the poll loop stops on.
     pub(crate) log: Arc<KafkaLog>,
 }
@@ -81,6 +83,7 @@ impl Hooks {
         let lost = consumer.assignment_lost();
         let handles: Vec<_> = {
             let mut a = self.lock();
+            self.version.fetch_add(1, Relaxed);
             tpl.elements().iter().filter_map(|e| a.remove(e.topic(), e.partition())).collect()
         };
         if handles.is_empty() {
@@ -117,6 +120,7 @@ impl Hooks {
             return;
         };
         let mut a = self.lock();
+        self.version.fetch_add(1, Relaxed);
         for e in tpl.elements() {
             a.insert(e.topic(), e.partition(), start);
         }

@@ -43,7 +43,19 @@ async fn sigkill_mid_stream_loses_nothing_and_never_commits_past_unprocessed() -
     let journal = journal_path("crash");
     create_topic(&topic, PARTITIONS).await?;
     produce(&topic, keyed_records(RECORDS, 500)).await?;
-    let args = ["--delay-max-ms", "4", "--concurrency", "64", "--commit-interval-ms", "200"];
+    // A short session timeout: the restarted member waits for the killed one to be expired.
+    let args = [
+        "--delay-max-ms",
+        "4",
+        "--concurrency",
+        "64",
+        "--commit-interval-ms",
+        "200",
+        "--consumer-prop",
+        "session.timeout.ms=6000",
+        "--consumer-prop",
+        "heartbeat.interval.ms=1000",
+    ];
 
     let mut child = spawn_worker(&topic, &group, &journal, &args)?;
     journal_reaches(&journal, RECORDS / 4, Duration::from_secs(60)).await?;
