@@ -41,6 +41,9 @@ mod attempt;
 pub mod config;
 pub mod context;
 pub mod error;
+pub mod guarantees {
+    #![doc = include_str!("../../docs/guarantees.md")]
+}
 mod kafka_log;
 pub mod offsets;
 mod partition;

@@ -363,3 +363,31 @@ impl<P: Processor> PartitionTask<P> {
         self.shared.wake_poller();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(offset: i64, key: Option<&str>) -> Record {
+        Record {
+            topic: "t".into(),
+            partition: 0,
+            offset,
+            timestamp: None,
+            key: key.map(|k| k.as_bytes().to_vec()),
+            value: None,
+            headers: Default::default(),
+        }
+    }
+
+    #[test]
+    fn lanes_follow_the_ordering_mode() {
+        let (a0, a1, b, null) = (rec(0, Some("a")), rec(1, Some("a")), rec(2, Some("b")), rec(3, None));
+        let key = |r| LaneId::of(Ordering::Key, r);
+        assert_eq!(key(&a0), key(&a1), "same key, same lane");
+        assert_ne!(key(&a0), key(&b), "different keys run concurrently");
+        assert_eq!(key(&null), LaneId::Partition, "null keys are ordered by partition");
+        assert_eq!(LaneId::of(Ordering::Partition, &a0), LaneId::of(Ordering::Partition, &b));
+        assert_ne!(LaneId::of(Ordering::Unordered, &a0), LaneId::of(Ordering::Unordered, &a1));
+    }
+}

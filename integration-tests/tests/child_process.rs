@@ -137,3 +137,55 @@ async fn sigterm_drains_commits_the_completed_prefix_and_exits_zero() -> Result<
     std::fs::remove_file(&journal).ok();
     Ok(())
 }
+
+/// A second signal during the drain exits at once with status 130, committing nothing past the
+/// records that were finished before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_signal_exits_at_once_without_committing_unfinished_work() -> Result<()> {
+    init_logs();
+    let topic = unique("second-signal");
+    let group = unique("second-signal-group");
+    let journal = journal_path("second-signal");
+    create_topic(&topic, 1).await?;
+    produce(&topic, keyed_records(50, 50)).await?;
+    // Slow records (2-3 s each): the drain after the first signal would take seconds.
+    let mut child = Command::new(WORKER)
+        .args(["--topic", &topic, "--group", &group, "--journal"])
+        .arg(&journal)
+        .args(["--delay-min-ms", "2000", "--delay-max-ms", "3000", "--drain-timeout-ms", "30000"])
+        .env("RUST_LOG", "info,librdkafka=warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // The worker's log lines, as they come.
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(60), wait_for_line(&mut lines, "partitions assigned")).await??;
+    journal_reaches(&journal, 1, Duration::from_secs(60)).await?;
+    signal(&child, libc::SIGTERM)?;
+    tokio::time::timeout(Duration::from_secs(10), wait_for_line(&mut lines, "shutting down: draining")).await??;
+    let asked = Instant::now();
+    signal(&child, libc::SIGTERM)?;
+    let status = wait_exit(&mut child, Duration::from_secs(10)).await?;
+    assert_eq!(status.code(), Some(millrace::shutdown::FORCED_EXIT_CODE), "{status}");
+    assert!(asked.elapsed() < Duration::from_secs(2), "the second signal must not wait for the drain");
+    let seen = distinct(&read_journal(&journal)?);
+    let committed = committed_offsets(&group, &topic, 1)?;
+    assert_commits_cover_only_processed(&committed, &seen, 1)?;
+    std::fs::remove_file(&journal).ok();
+    Ok(())
+}
+
+async fn wait_for_line(lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>, needle: &str) -> Result<()> {
+    while let Some(line) = lines.recv().await {
+        if line.contains(needle) {
+            return Ok(());
+        }
+    }
+    anyhow::bail!("the worker exited without logging {needle:?}")
+}
