@@ -40,6 +40,7 @@
 mod attempt;
 pub mod config;
 pub mod context;
+pub mod dlq;
 pub mod error;
 pub mod guarantees {
     #![doc = include_str!("../../docs/guarantees.md")]

@@ -1,8 +1,8 @@
 //! The pipeline: builds the Kafka clients and runs the poll thread.
 //!
 //! The path of one record: the poll thread polls it and batches it to its partition's task
-//! ([`partition`](crate::partition)); the task tracks its offset and routes it to its key lane; the
-//! lane runs the processor ([`attempt`](crate::attempt), retrying transient failures); once the
+//! (`partition`); the task tracks its offset and routes it to its key lane; the
+//! lane runs the processor (`attempt`, retrying transient failures); once the
 //! outputs are acknowledged the task completes the offset and publishes the new committable offset;
 //! the poll thread commits the contiguous completed prefix every `commit_interval`, at revoke and at
 //! shutdown.

@@ -37,4 +37,11 @@ use std::future::Future;
 pub trait Processor: Send + Sync + 'static {
     /// Handles one record. Called again (with [`Context::attempt`] incremented) after a transient failure.
     fn process(&self, record: &Record, ctx: &Context) -> impl Future<Output = Result<(), ProcessError>> + Send;
+
+    /// The name written into DLQ records ([`crate::dlq::headers::PROCESSOR`]) and logs. Defaults to the
+    /// type's name without its module path.
+    fn name(&self) -> &str {
+        let full = std::any::type_name::<Self>();
+        full.rsplit("::").next().unwrap_or(full)
+    }
 }
