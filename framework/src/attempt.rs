@@ -3,29 +3,39 @@
 //! (crate::RetryPolicy) until it says stop.
 
 use crate::context::Context;
-use crate::error::ProcessError;
+use crate::dlq::{DlqErrorKind, Failure, now_ms};
+use crate::error::{Cause, ProcessError};
 use crate::pipeline::Shared;
 use crate::processor::Processor;
 use crate::record::Record;
 use crate::stats::Stats;
 use futures::FutureExt;
 use std::panic::AssertUnwindSafe;
+use tokio_util::sync::CancellationToken;
 
 /// How a record's processing ended.
 #[derive(Debug)]
 pub(crate) enum Outcome {
     /// Processed; every output acknowledged.
     Done,
-    /// Failed permanently or ran out of attempts.
-    Failed(ProcessError),
-    /// Shutdown began while the record waited for a retry: left unfinished, to be redelivered.
+    /// Failed permanently or ran out of attempts; not dead-lettered (DLQ off), so left uncommitted.
+    Failed(Failure),
+    /// Failed for good and written to the DLQ: its offset completes.
+    DeadLettered,
+    /// Shutdown or revoke interrupted a retry: left unfinished, to be redelivered.
     Abandoned,
 }
 
-/// Runs `record` through the processor until it succeeds, fails for good, or shutdown interrupts a
-/// backoff.
-pub(crate) async fn attempt_until_done<P: Processor>(shared: &Shared<P>, epoch: u64, record: &Record) -> Outcome {
+/// Runs `record` through the processor until it succeeds (`Ok`), fails for good (`Err` with how), or
+/// `cancel` (shutdown, revoke) interrupts a backoff (`Ok(Outcome::Abandoned)`).
+pub(crate) async fn attempt_until_done<P: Processor>(
+    shared: &Shared<P>,
+    epoch: u64,
+    record: &Record,
+    cancel: &CancellationToken,
+) -> Result<Outcome, Failure> {
     let mut attempt = 1;
+    let mut first_failure_ms = None;
     loop {
         let ctx = Context::new(attempt, epoch, shared.handles.clone());
         let result = match AssertUnwindSafe(shared.processor.process(record, &ctx)).catch_unwind().await {
@@ -33,15 +43,29 @@ pub(crate) async fn attempt_until_done<P: Processor>(shared: &Shared<P>, epoch: 
             Ok(Err(e)) => Err(e),
             Err(panic) => {
                 Stats::bump(&shared.stats.panics);
-                Err(ProcessError::permanent(format!("processor panicked: {}", panic_message(&*panic))))
+                Err(ProcessError::panic(format!("processor panicked: {}", panic_message(&*panic))))
             }
         };
         let error = match result {
-            Ok(()) => return Outcome::Done,
+            Ok(()) => return Ok(Outcome::Done),
             Err(e) => e,
         };
+        let failed_at = now_ms();
+        let first = *first_failure_ms.get_or_insert(failed_at);
         let Some(delay) = error.is_transient().then(|| shared.config.retry.delay_after(attempt)).flatten() else {
-            return Outcome::Failed(error);
+            let kind = match error.cause() {
+                Cause::Panic => DlqErrorKind::Panic,
+                Cause::Decode => DlqErrorKind::Decode,
+                Cause::Processor if error.is_transient() => DlqErrorKind::TransientExhausted,
+                Cause::Processor => DlqErrorKind::Permanent,
+            };
+            return Err(Failure {
+                kind,
+                message: error.to_string(),
+                attempts: attempt,
+                first_failure_ms: first,
+                last_failure_ms: failed_at,
+            });
         };
         Stats::bump(&shared.stats.retries);
         tracing::warn!(
@@ -50,7 +74,7 @@ pub(crate) async fn attempt_until_done<P: Processor>(shared: &Shared<P>, epoch: 
         );
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
-            _ = shared.handles.shutdown.cancelled() => return Outcome::Abandoned,
+            _ = cancel.cancelled() => return Ok(Outcome::Abandoned),
         }
         attempt += 1;
     }

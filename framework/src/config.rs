@@ -48,6 +48,52 @@ impl Default for Bounds {
     }
 }
 
+/// Where records that cannot be processed go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DlqConfig {
+    /// Dead-letter failed records (default). When off, a failed record is logged and left
+    /// uncommitted (redelivered after a restart); the partition keeps flowing for other records.
+    pub enabled: bool,
+    /// DLQ topic name; `{topic}` stands for the source topic. Default `{topic}.dlq`.
+    pub topic: String,
+    /// Create a missing DLQ topic (with the source topic's partition count) on first use. When off,
+    /// a missing DLQ topic holds the failed record uncommitted until the topic exists.
+    pub create_topics: bool,
+}
+
+impl Default for DlqConfig {
+    fn default() -> Self {
+        Self { enabled: true, topic: "{topic}.dlq".into(), create_topics: true }
+    }
+}
+
+/// Stops a pipeline that would flood its DLQ (a broken downstream, a bad deploy).
+///
+/// It trips when more than `max_dlq_share` of a window of `window` finished records were
+/// dead-lettered, or after `max_consecutive` dead-lettered records in a row. While open, every
+/// partition is paused (the member stays in the group), the state is logged at error level and
+/// shown by [`StatsSnapshot::breaker_open`](crate::StatsSnapshot::breaker_open); after `cooldown` it
+/// closes again and consumption resumes (tripping again if the flood goes on).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CircuitBreakerConfig {
+    /// On by default.
+    pub enabled: bool,
+    /// Finished records per evaluation window.
+    pub window: u32,
+    /// Share of dead-lettered records in a window that trips the breaker (0.0–1.0).
+    pub max_dlq_share: f64,
+    /// Dead-lettered records in a row that trip the breaker.
+    pub max_consecutive: u32,
+    /// How long consumption stays paused.
+    pub cooldown: Duration,
+}
+
+impl Default for CircuitBreakerConfig {
+    fn default() -> Self {
+        Self { enabled: true, window: 200, max_dlq_share: 0.5, max_consecutive: 100, cooldown: Duration::from_secs(30) }
+    }
+}
+
 /// Everything a pipeline needs to run.
 ///
 /// Kafka client properties pass through untouched: [`kafka`](Self::kafka) goes to both the consumer and
@@ -89,6 +135,10 @@ pub struct PipelineConfig {
     pub drain_timeout: Duration,
     /// Retries of transient failures.
     pub retry: RetryPolicy,
+    /// The dead-letter topic.
+    pub dlq: DlqConfig,
+    /// The DLQ circuit breaker.
+    pub circuit_breaker: CircuitBreakerConfig,
     /// Properties for both the consumer and the producer.
     pub kafka: BTreeMap<String, String>,
     /// Consumer-only properties.
@@ -117,6 +167,8 @@ impl PipelineConfig {
             commit_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(10),
             retry: RetryPolicy::default(),
+            dlq: DlqConfig::default(),
+            circuit_breaker: CircuitBreakerConfig::default(),
             kafka: BTreeMap::new(),
             consumer: BTreeMap::new(),
             producer: BTreeMap::new(),
@@ -162,6 +214,23 @@ impl PipelineConfig {
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
+    }
+
+    /// Sets the dead-letter configuration.
+    pub fn dlq(mut self, dlq: DlqConfig) -> Self {
+        self.dlq = dlq;
+        self
+    }
+
+    /// Sets the DLQ circuit breaker.
+    pub fn circuit_breaker(mut self, breaker: CircuitBreakerConfig) -> Self {
+        self.circuit_breaker = breaker;
+        self
+    }
+
+    /// The DLQ topic for records from `source`.
+    pub fn dlq_topic(&self, source: &str) -> String {
+        crate::dlq::topic_for(&self.dlq.topic, source)
     }
 
     /// Adds a Kafka property for both clients.
@@ -224,6 +293,29 @@ impl PipelineConfig {
             return Err(ConfigError::new("commit_interval", "must be above zero"));
         }
         self.retry.validate()?;
+        if self.dlq.enabled {
+            for t in &self.topics {
+                let dlq = self.dlq_topic(t);
+                if !valid_topic_name(&dlq) {
+                    return Err(ConfigError::new("dlq.topic", format!("gives {dlq:?}, not a valid topic name")));
+                }
+                if self.topics.contains(&dlq) {
+                    return Err(ConfigError::new("dlq.topic", format!("{dlq:?} is also an input topic")));
+                }
+            }
+        }
+        let cb = &self.circuit_breaker;
+        if cb.enabled {
+            if cb.window == 0 {
+                return Err(ConfigError::new("circuit_breaker.window", "must be at least 1"));
+            }
+            if !(cb.max_dlq_share > 0.0 && cb.max_dlq_share <= 1.0) {
+                return Err(ConfigError::new("circuit_breaker.max_dlq_share", "must be in (0, 1]"));
+            }
+            if cb.max_consecutive == 0 {
+                return Err(ConfigError::new("circuit_breaker.max_consecutive", "must be at least 1"));
+            }
+        }
         for (map, prefix) in [(&self.kafka, "kafka"), (&self.consumer, "consumer"), (&self.producer, "producer")] {
             if let Some(k) = map.keys().find(|k| OWNED_PROPERTIES.contains(&k.as_str())) {
                 return Err(ConfigError::new(
@@ -281,6 +373,12 @@ mod tests {
                 "bounds.max_in_flight_per_partition",
             ),
             (ok().commit_interval(Duration::ZERO), "commit_interval"),
+            (ok().dlq(DlqConfig { topic: "{topic} dead".into(), ..DlqConfig::default() }), "dlq.topic"),
+            (ok().dlq(DlqConfig { topic: "t".into(), ..DlqConfig::default() }), "dlq.topic"),
+            (
+                ok().circuit_breaker(CircuitBreakerConfig { max_dlq_share: 1.5, ..CircuitBreakerConfig::default() }),
+                "circuit_breaker.max_dlq_share",
+            ),
             (ok().consumer_property("enable.auto.commit", "true"), "consumer.enable.auto.commit"),
             (ok().consumer_property("max.poll.interval.ms", "soon"), "max.poll.interval.ms"),
             (

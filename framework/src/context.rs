@@ -3,12 +3,10 @@
 
 use crate::error::EmitError;
 use crate::kafka_log::Producer;
+use crate::produce;
 use crate::record::OutputRecord;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureRecord};
+use rdkafka::producer::DeliveryFuture;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Per-attempt context handed to [`Processor::process`](crate::Processor::process).
@@ -60,44 +58,16 @@ impl Context {
     /// Queues `record` to the producer. Returns once it is queued (waiting while the producer's queue
     /// is full); its broker acknowledgement is awaited before the input record completes.
     pub async fn emit(&self, record: OutputRecord) -> Result<(), EmitError> {
-        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
-        for h in record.headers.iter() {
-            headers = headers.insert(KafkaHeader { key: &h.name, value: h.value.as_deref() });
-        }
-        loop {
-            let mut fr: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&record.topic).headers(headers.clone());
-            if let Some(k) = record.key.as_deref() {
-                fr = fr.key(k);
-            }
-            if let Some(v) = record.value.as_deref() {
-                fr = fr.payload(v);
-            }
-            if let Some(p) = record.partition {
-                fr = fr.partition(p);
-            }
-            match self.handles.producer.send_result(fr) {
-                Ok(delivery) => {
-                    self.pending.lock().expect("pending outputs lock").push((record.topic, delivery));
-                    return Ok(());
-                }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                    // librdkafka's queue is full: wait for deliveries to drain it.
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                Err((source, _)) => return Err(EmitError::NotAcknowledged { topic: record.topic, source }),
-            }
-        }
+        let delivery = produce::enqueue(&self.handles.producer, &record).await?;
+        self.pending.lock().expect("pending outputs lock").push((record.topic, delivery));
+        Ok(())
     }
 
     /// Awaits the acknowledgement of every emitted output.
     pub(crate) async fn acknowledged(self) -> Result<(), EmitError> {
         let pending = self.pending.into_inner().expect("pending outputs lock");
         for (topic, delivery) in pending {
-            match delivery.await {
-                Ok(Ok(_)) => {}
-                Ok(Err((source, _))) => return Err(EmitError::NotAcknowledged { topic, source }),
-                Err(_) => return Err(EmitError::Canceled { topic }),
-            }
+            produce::acknowledged(&topic, delivery).await?;
         }
         Ok(())
     }

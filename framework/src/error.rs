@@ -38,7 +38,16 @@ impl fmt::Display for FailureKind {
 #[derive(Debug)]
 pub struct ProcessError {
     kind: FailureKind,
+    cause: Cause,
     source: BoxError,
+}
+
+/// Where a failure came from, for the DLQ's error kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    Processor,
+    Decode,
+    Panic,
 }
 
 impl ProcessError {
@@ -54,7 +63,42 @@ impl ProcessError {
 
     /// A failure of the given kind.
     pub fn new(kind: FailureKind, source: impl Into<BoxError>) -> Self {
-        Self { kind, source: source.into() }
+        Self { kind, cause: Cause::Processor, source: source.into() }
+    }
+
+    /// The record's payload could not be decoded: permanent, dead-lettered with error kind `decode`.
+    pub fn decode(source: impl Into<BoxError>) -> Self {
+        Self { kind: FailureKind::Permanent, cause: Cause::Decode, source: source.into() }
+    }
+
+    /// A caught panic: permanent, dead-lettered with error kind `panic`.
+    pub(crate) fn panic(message: String) -> Self {
+        Self { kind: FailureKind::Permanent, cause: Cause::Panic, source: message.into() }
+    }
+
+    /// A failure whose kind `classify` decides, for errors from other crates.
+    ///
+    /// ```
+    /// use millrace::{FailureKind, ProcessError};
+    /// use std::io::ErrorKind;
+    ///
+    /// let classify = |e: &std::io::Error| match e.kind() {
+    ///     ErrorKind::TimedOut | ErrorKind::ConnectionReset => FailureKind::Transient,
+    ///     _ => FailureKind::Permanent,
+    /// };
+    /// let e = ProcessError::classify(std::io::Error::from(ErrorKind::TimedOut), classify);
+    /// assert!(e.is_transient());
+    /// ```
+    pub fn classify<E>(error: E, classify: impl FnOnce(&E) -> FailureKind) -> Self
+    where
+        E: Into<BoxError>,
+    {
+        let kind = classify(&error);
+        Self::new(kind, error)
+    }
+
+    pub(crate) fn cause(&self) -> Cause {
+        self.cause
     }
 
     /// Transient or permanent.
@@ -82,6 +126,34 @@ impl fmt::Display for ProcessError {
 impl std::error::Error for ProcessError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&*self.source)
+    }
+}
+
+/// Classifies a `Result`'s error in place: `call().await.transient()?`.
+///
+/// ```
+/// use millrace::{ProcessError, ResultExt};
+///
+/// fn parse(v: &str) -> Result<u32, ProcessError> {
+///     v.parse::<u32>().permanent()
+/// }
+/// assert!(parse("x").is_err());
+/// assert_eq!(parse("7").unwrap(), 7);
+/// ```
+pub trait ResultExt<T> {
+    /// Maps the error to a transient [`ProcessError`] (retried).
+    fn transient(self) -> Result<T, ProcessError>;
+    /// Maps the error to a permanent [`ProcessError`] (dead-lettered without retry).
+    fn permanent(self) -> Result<T, ProcessError>;
+}
+
+impl<T, E: Into<BoxError>> ResultExt<T> for Result<T, E> {
+    fn transient(self) -> Result<T, ProcessError> {
+        self.map_err(ProcessError::transient)
+    }
+
+    fn permanent(self) -> Result<T, ProcessError> {
+        self.map_err(ProcessError::permanent)
     }
 }
 

@@ -38,8 +38,10 @@
 //! ```
 
 mod attempt;
+mod breaker;
 pub mod config;
 pub mod context;
+mod dead_letter;
 pub mod dlq;
 pub mod error;
 pub mod guarantees {
@@ -50,15 +52,16 @@ pub mod offsets;
 mod partition;
 pub mod pipeline;
 pub mod processor;
+mod produce;
 mod rebalance;
 pub mod record;
 pub mod retry;
 pub mod shutdown;
 pub mod stats;
 
-pub use config::{Bounds, Ordering, PipelineConfig};
+pub use config::{Bounds, CircuitBreakerConfig, DlqConfig, Ordering, PipelineConfig};
 pub use context::Context;
-pub use error::{ConfigError, EmitError, Error, FailureKind, ProcessError};
+pub use error::{ConfigError, EmitError, Error, FailureKind, ProcessError, ResultExt};
 pub use pipeline::{Pipeline, RunSummary};
 pub use processor::Processor;
 pub use record::{OutputRecord, Record};

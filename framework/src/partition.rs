@@ -14,6 +14,7 @@
 
 use crate::attempt::{Outcome, attempt_until_done};
 use crate::config::Ordering;
+use crate::dead_letter::dead_letter;
 use crate::offsets::OffsetTracker;
 use crate::pipeline::Shared;
 use crate::processor::Processor;
@@ -30,6 +31,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio_util::sync::CancellationToken;
 
 /// Which records must run one after another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -191,6 +193,8 @@ struct PartitionTask<P> {
     /// Present while a record of the lane runs; holds the lane's waiting records.
     lanes: FxHashMap<LaneId, VecDeque<Record>>,
     stopping: Option<Stopping>,
+    /// Cancelled on revoke, at the stop deadline and at shutdown: retries and DLQ produces give up.
+    cancel: CancellationToken,
 }
 
 /// Records being processed by a partition task, whatever the processor's future type.
@@ -199,7 +203,16 @@ type Running = FuturesUnordered<Pin<Box<dyn Future<Output = Finished> + Send>>>;
 impl<P: Processor> PartitionTask<P> {
     fn new(shared: Arc<Shared<P>>, handle: Arc<PartitionHandle>) -> Self {
         let ordering = shared.config.ordering;
-        Self { shared, handle, ordering, tracker: OffsetTracker::new(), lanes: FxHashMap::default(), stopping: None }
+        let cancel = shared.handles.shutdown.child_token();
+        Self {
+            shared,
+            handle,
+            ordering,
+            tracker: OffsetTracker::new(),
+            lanes: FxHashMap::default(),
+            stopping: None,
+            cancel,
+        }
     }
 
     async fn run(mut self, mut rx: UnboundedReceiver<Command>) {
@@ -213,6 +226,7 @@ impl<P: Processor> PartitionTask<P> {
                     // The poll thread commits what is done now; nothing after this is read.
                     let _ = done.send(idle);
                     self.drop_queued();
+                    self.cancel.cancel();
                 }
                 if idle {
                     // Refuse further batches and release the ones that arrived after the stop.
@@ -239,7 +253,10 @@ impl<P: Processor> PartitionTask<P> {
                     }
                     Some(Command::Stop { finish_queued, deadline, done }) => {
                         if !finish_queued {
+                            // Revoke: the next owner redoes anything unfinished, so waiting retries and
+                            // DLQ produces give up now; records inside the processor may still finish.
                             self.drop_queued();
+                            self.cancel.cancel();
                         }
                         self.stopping = Some(Stopping { deadline, done: Some(done) });
                     }
@@ -295,16 +312,34 @@ impl<P: Processor> PartitionTask<P> {
     }
 
     /// The processing future of one record: waits for a concurrency permit, then runs the retry loop.
+    /// A record that fails for good is dead-lettered (when the DLQ is on) before it finishes.
     fn process(&self, (lane, record): (LaneId, Record)) -> impl Future<Output = Finished> + Send + use<P> {
         let shared = self.shared.clone();
         let epoch = self.handle.epoch;
+        let cancel = self.cancel.clone();
         async move {
+            let abandoned = |record: &Record| Finished {
+                lane,
+                offset: record.offset,
+                bytes: record.byte_len() as u64,
+                outcome: Outcome::Abandoned,
+            };
+            tokio::select! {
+                _ = shared.breaker.closed(&shared.stats) => {}
+                _ = cancel.cancelled() => return abandoned(&record),
+            }
             let outcome = match shared.concurrency.acquire().await {
                 Ok(_permit) => {
                     shared.stats.started();
-                    let outcome = attempt_until_done(&shared, epoch, &record).await;
+                    let result = attempt_until_done(&shared, epoch, &record, &cancel).await;
                     shared.stats.running.fetch_sub(1, Relaxed);
-                    outcome
+                    match result {
+                        Ok(outcome) => outcome,
+                        Err(failure) if shared.config.dlq.enabled => {
+                            dead_letter(&shared, &record, &failure, &cancel).await
+                        }
+                        Err(failure) => Outcome::Failed(failure),
+                    }
                 }
                 Err(_) => Outcome::Abandoned,
             };
@@ -314,6 +349,12 @@ impl<P: Processor> PartitionTask<P> {
 
     /// Books a finished record and returns the next record of its lane, if it should start.
     fn finish(&mut self, f: Finished) -> Option<(LaneId, Record)> {
+        // Done or not for the circuit breaker; abandoned records say nothing about the records.
+        let dead = match f.outcome {
+            Outcome::Done => Some(false),
+            Outcome::DeadLettered | Outcome::Failed(_) => Some(true),
+            Outcome::Abandoned => None,
+        };
         match f.outcome {
             Outcome::Done => {
                 Stats::bump(&self.shared.stats.processed);
@@ -321,14 +362,26 @@ impl<P: Processor> PartitionTask<P> {
                     self.publish();
                 }
             }
-            Outcome::Failed(e) => {
+            Outcome::DeadLettered => {
+                Stats::bump(&self.shared.stats.dead_lettered);
+                if self.tracker.complete(f.offset) {
+                    self.publish();
+                }
+            }
+            Outcome::Failed(failure) => {
                 Stats::bump(&self.shared.stats.failed);
                 tracing::error!(
                     pipeline = %self.shared.config.name, topic = %self.handle.topic, partition = self.handle.partition,
-                    offset = f.offset, error = %e, "record failed; its offset will not be committed past"
+                    offset = f.offset, kind = %failure.kind, error = %failure.message,
+                    "record failed (DLQ off); its offset will not be committed past"
                 );
             }
             Outcome::Abandoned => {}
+        }
+        if let Some(dead) = dead
+            && self.shared.breaker.record(dead, &self.shared.stats, &self.shared.config.name)
+        {
+            self.shared.wake_poller();
         }
         self.release(f.bytes);
         let next = self.lanes.get_mut(&f.lane).and_then(VecDeque::pop_front);

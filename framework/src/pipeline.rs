@@ -14,6 +14,7 @@
 //! such poll); when one partition reaches its own bound that partition is paused until it drains to
 //! half.
 
+use crate::breaker::Breaker;
 use crate::config::PipelineConfig;
 use crate::context::RuntimeHandles;
 use crate::error::{ConfigError, Error};
@@ -24,11 +25,13 @@ use crate::rebalance::{Assignments, Hooks, Starter, commit_now};
 use crate::record::Record;
 use crate::stats::Stats;
 use rdkafka::ClientConfig;
+use rdkafka::admin::AdminClient;
+use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -50,6 +53,12 @@ pub(crate) struct Shared<P> {
     /// Set by partition tasks when a paused partition has drained enough to resume.
     pub(crate) resume_hint: AtomicBool,
     poller: PollerWake,
+    /// For creating DLQ topics.
+    pub(crate) admin: Arc<AdminClient<DefaultClientContext>>,
+    /// DLQ topics known to exist in this run.
+    pub(crate) dlq_topics: Mutex<HashSet<String>>,
+    pub(crate) breaker: Breaker,
+    pub(crate) log: Arc<KafkaLog>,
 }
 
 /// Lets partition tasks wake the poll thread while it waits for in-flight room.
@@ -142,9 +151,16 @@ impl<P: Processor> Pipeline<P> {
         };
         let consumer: BaseConsumer<Hooks> =
             consumer_config(&config).create_with_context(hooks).map_err(client_creation("consumer"))?;
-        let producer: Producer =
-            producer_config(&config).create_with_context(ProducerHooks(log)).map_err(client_creation("producer"))?;
+        let producer: Producer = producer_config(&config)
+            .create_with_context(ProducerHooks(log.clone()))
+            .map_err(client_creation("producer"))?;
+        let admin: AdminClient<DefaultClientContext> =
+            admin_config(&config).create().map_err(client_creation("admin"))?;
         let shared = Shared {
+            admin: Arc::new(admin),
+            dlq_topics: Mutex::default(),
+            breaker: Breaker::new(config.circuit_breaker),
+            log,
             processor,
             concurrency: Semaphore::new(config.bounds.max_concurrency),
             config,
@@ -238,6 +254,15 @@ fn consumer_config(config: &PipelineConfig) -> ClientConfig {
     c
 }
 
+fn admin_config(config: &PipelineConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    for (k, v) in &config.kafka {
+        c.set(k, v);
+    }
+    c.set("bootstrap.servers", &config.bootstrap_servers);
+    c
+}
+
 fn producer_config(config: &PipelineConfig) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("enable.idempotence", "true").set("acks", "all").set("linger.ms", "5");
@@ -302,7 +327,19 @@ impl<P: Processor> PollLoop<'_, P> {
         let mut batches = Batches::default();
         let mut cache = HandleCache::default();
         let mut result = Ok(());
+        let mut breaker_paused = false;
         while !self.stop.is_cancelled() {
+            // The DLQ circuit breaker pauses every partition while open (newly assigned ones too).
+            let breaker_flag = self.shared.stats.breaker_open.load(Relaxed) != 0;
+            if breaker_flag && self.shared.breaker.is_open(&self.shared.stats, &self.shared.config.name) {
+                self.flush(&mut batches);
+                let all: Vec<_> = self.hooks().lock().handles().cloned().collect();
+                self.pause(&all);
+                breaker_paused = true;
+            } else if breaker_paused {
+                breaker_paused = false;
+                self.resume_drained();
+            }
             if self.shared.over_total(batches.records, batches.bytes) {
                 self.flush(&mut batches);
                 self.shared.wait_for_room();
@@ -412,6 +449,9 @@ impl<P: Processor> PollLoop<'_, P> {
 
     /// Resumes paused partitions that drained to half their bound.
     fn resume_drained(&self) {
+        if self.shared.stats.breaker_open.load(Relaxed) != 0 {
+            return; // the circuit breaker holds everything paused
+        }
         let half = self.shared.config.bounds.max_in_flight_per_partition / 2;
         let mut tpl = TopicPartitionList::new();
         for h in self.hooks().lock().handles() {

@@ -8,6 +8,10 @@ pub struct Stats {
     pub(crate) polled: AtomicU64,
     pub(crate) processed: AtomicU64,
     pub(crate) failed: AtomicU64,
+    pub(crate) dead_lettered: AtomicU64,
+    pub(crate) dlq_produce_failures: AtomicU64,
+    pub(crate) breaker_open: AtomicU64,
+    pub(crate) breaker_trips: AtomicU64,
     pub(crate) retries: AtomicU64,
     pub(crate) panics: AtomicU64,
     pub(crate) in_flight: AtomicU64,
@@ -31,8 +35,17 @@ pub struct StatsSnapshot {
     pub polled: u64,
     /// Records whose processing succeeded (outputs acknowledged).
     pub processed: u64,
-    /// Records that failed permanently or exhausted their retries.
+    /// Records that failed permanently or exhausted their retries and were left uncommitted (DLQ off,
+    /// or shutdown before their DLQ produce succeeded).
     pub failed: u64,
+    /// Records written to the DLQ (their offsets then complete).
+    pub dead_lettered: u64,
+    /// DLQ produce attempts that failed (the record stayed unfinished and was retried).
+    pub dlq_produce_failures: u64,
+    /// Whether the DLQ circuit breaker is open now (the pipeline is unhealthy and paused).
+    pub breaker_open: bool,
+    /// Times the breaker tripped.
+    pub breaker_trips: u64,
     /// Retries scheduled after transient failures.
     pub retries: u64,
     /// Processor panics caught.
@@ -70,6 +83,10 @@ impl Stats {
             polled: self.polled.load(Relaxed),
             processed: self.processed.load(Relaxed),
             failed: self.failed.load(Relaxed),
+            dead_lettered: self.dead_lettered.load(Relaxed),
+            dlq_produce_failures: self.dlq_produce_failures.load(Relaxed),
+            breaker_open: self.breaker_open.load(Relaxed) != 0,
+            breaker_trips: self.breaker_trips.load(Relaxed),
             retries: self.retries.load(Relaxed),
             panics: self.panics.load(Relaxed),
             in_flight: self.in_flight.load(Relaxed),

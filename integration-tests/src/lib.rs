@@ -275,3 +275,109 @@ fn kill(pid: i32, sig: i32) -> i32 {
 pub async fn wait_exit(child: &mut std::process::Child, timeout: Duration) -> Result<std::process::ExitStatus> {
     eventually("the child to exit", timeout, || Ok(child.try_wait()?)).await
 }
+
+/// A record read back from a topic.
+#[derive(Debug, Clone)]
+pub struct ReadRecord {
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes.
+    pub value: Option<Vec<u8>>,
+    /// Headers.
+    pub headers: millrace::record::Headers,
+}
+
+/// Reads every record of `topic` from the beginning to the end offsets at the time of the call.
+/// A missing topic reads as empty.
+pub fn read_topic(topic: &str) -> Result<Vec<ReadRecord>> {
+    use rdkafka::Message;
+    use rdkafka::message::Headers as _;
+    // librdkafka's assign() needs a group id even though nothing is committed.
+    let consumer = plain_consumer(Some(&unique("reader")))?;
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let Some(t) = md.topics().first().filter(|t| t.error().is_none()) else { return Ok(Vec::new()) };
+    let mut tpl = TopicPartitionList::new();
+    let mut remaining = 0;
+    let mut ends = HashMap::new();
+    for p in t.partitions() {
+        let (low, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10))?;
+        tpl.add_partition_offset(topic, p.id(), Offset::Offset(low))?;
+        ends.insert(p.id(), high);
+        remaining += (high - low).max(0);
+    }
+    consumer.assign(&tpl)?;
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while remaining > 0 {
+        if Instant::now() > deadline {
+            bail!("reading {topic}: {remaining} records missing after 30 s");
+        }
+        let Some(msg) = consumer.poll(Duration::from_millis(200)) else { continue };
+        let msg = msg?;
+        if msg.offset() >= ends[&msg.partition()] {
+            continue;
+        }
+        remaining -= 1;
+        let headers = millrace::record::Headers(
+            msg.headers()
+                .map(|hs| {
+                    hs.iter()
+                        .map(|h| millrace::record::Header {
+                            name: h.key.to_owned(),
+                            value: h.value.map(<[u8]>::to_vec),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        );
+        out.push(ReadRecord {
+            partition: msg.partition(),
+            offset: msg.offset(),
+            key: msg.key().map(<[u8]>::to_vec),
+            value: msg.payload().map(<[u8]>::to_vec),
+            headers,
+        });
+    }
+    Ok(out)
+}
+
+/// Produces records with full control over key, value (possibly null) and headers; returns where
+/// each landed.
+pub async fn produce_raw(
+    topic: &str,
+    records: impl IntoIterator<Item = (Option<Vec<u8>>, Option<Vec<u8>>, Vec<(String, Vec<u8>)>)>,
+) -> Result<Vec<(i32, i64)>> {
+    use rdkafka::message::{Header, OwnedHeaders};
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true")
+        .set("message.max.bytes", "2000000")
+        .create()?;
+    let mut pending = Vec::new();
+    for (key, value, headers) in records {
+        let mut h = OwnedHeaders::new();
+        for (k, v) in &headers {
+            h = h.insert(Header { key: k, value: Some(v) });
+        }
+        let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(h);
+        if let Some(k) = key.as_deref() {
+            rec = rec.key(k);
+        }
+        if let Some(v) = value.as_deref() {
+            rec = rec.payload(v);
+        }
+        pending.push(producer.send_result(rec).map_err(|(e, _)| anyhow::anyhow!("enqueue failed: {e}"))?);
+    }
+    let mut out = Vec::new();
+    for d in pending {
+        match d.await? {
+            Ok(d) => out.push((d.partition, d.offset)),
+            Err((e, _)) => bail!("delivery failed: {e}"),
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,152 @@
+//! The DLQ circuit breaker: counts finished records and dead-lettered ones, and opens (pausing the
+//! pipeline) when the DLQ would be flooded. See [`CircuitBreakerConfig`].
+//!
+//! The window is a tumbling window of `window` finished records (a cheap stand-in for a sliding one:
+//! a burst straddling two windows trips the consecutive limit instead).
+
+use crate::config::CircuitBreakerConfig;
+use crate::stats::Stats;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::time::Instant;
+
+pub(crate) struct Breaker {
+    config: CircuitBreakerConfig,
+    /// Open or closed, for records waiting to start.
+    state: tokio::sync::watch::Sender<bool>,
+    total: AtomicU32,
+    dead: AtomicU32,
+    consecutive: AtomicU32,
+    open_until: Mutex<Option<Instant>>,
+}
+
+impl Breaker {
+    pub(crate) fn new(config: CircuitBreakerConfig) -> Self {
+        Self {
+            config,
+            state: tokio::sync::watch::Sender::new(false),
+            total: AtomicU32::new(0),
+            dead: AtomicU32::new(0),
+            consecutive: AtomicU32::new(0),
+            open_until: Mutex::new(None),
+        }
+    }
+
+    /// Counts one finished record. Returns true if this tripped the breaker.
+    pub(crate) fn record(&self, dead_lettered: bool, stats: &Stats, name: &str) -> bool {
+        if !self.config.enabled {
+            return false;
+        }
+        let mut trip = None;
+        if dead_lettered {
+            let run = self.consecutive.fetch_add(1, Relaxed) + 1;
+            self.dead.fetch_add(1, Relaxed);
+            if run >= self.config.max_consecutive {
+                trip = Some(format!("{run} dead-lettered records in a row"));
+            }
+        } else if self.consecutive.load(Relaxed) != 0 {
+            self.consecutive.store(0, Relaxed);
+        }
+        let total = self.total.fetch_add(1, Relaxed) + 1;
+        if total >= self.config.window {
+            let dead = self.dead.swap(0, Relaxed);
+            self.total.store(0, Relaxed);
+            let share = f64::from(dead) / f64::from(total);
+            if trip.is_none() && share > self.config.max_dlq_share {
+                trip = Some(format!("{dead} of the last {total} records dead-lettered"));
+            }
+        }
+        let Some(reason) = trip else { return false };
+        let mut open = self.open_until.lock().unwrap_or_else(|p| p.into_inner());
+        let was_open = open.is_some();
+        *open = Some(Instant::now() + self.config.cooldown);
+        self.consecutive.store(0, Relaxed);
+        if !was_open {
+            self.state.send_replace(true);
+            Stats::bump(&stats.breaker_trips);
+            stats.breaker_open.store(1, Relaxed);
+            tracing::error!(
+                pipeline = name, reason, cooldown = ?self.config.cooldown,
+                "DLQ circuit breaker open: pipeline unhealthy, consumption paused"
+            );
+        }
+        !was_open
+    }
+
+    /// Waits while the breaker is open: records already polled do not start either, so the flood
+    /// stops at once rather than after the buffered records.
+    pub(crate) async fn closed(&self, stats: &Stats) {
+        if stats.breaker_open.load(Relaxed) == 0 {
+            return;
+        }
+        let mut state = self.state.subscribe();
+        let _ = state.wait_for(|open| !open).await;
+    }
+
+    /// Whether consumption must stay paused; closes the breaker once the cool-down has passed.
+    pub(crate) fn is_open(&self, stats: &Stats, name: &str) -> bool {
+        let mut open = self.open_until.lock().unwrap_or_else(|p| p.into_inner());
+        match *open {
+            Some(until) if Instant::now() >= until => {
+                *open = None;
+                stats.breaker_open.store(0, Relaxed);
+                self.state.send_replace(false);
+                tracing::warn!(pipeline = name, "DLQ circuit breaker closed after its cool-down; resuming");
+                false
+            }
+            Some(_) => true,
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn breaker(window: u32, share: f64, consecutive: u32) -> Breaker {
+        Breaker::new(CircuitBreakerConfig {
+            enabled: true,
+            window,
+            max_dlq_share: share,
+            max_consecutive: consecutive,
+            cooldown: Duration::from_secs(60),
+        })
+    }
+
+    #[test]
+    fn trips_on_consecutive_dead_letters() {
+        let (b, s) = (breaker(1000, 1.0, 3), Stats::default());
+        assert!(!b.record(true, &s, "t"));
+        assert!(!b.record(false, &s, "t"), "a success resets the run");
+        assert!(!b.record(true, &s, "t"));
+        assert!(!b.record(true, &s, "t"));
+        assert!(b.record(true, &s, "t"));
+        assert!(b.is_open(&s, "t"));
+        assert!(s.snapshot().breaker_open);
+    }
+
+    #[test]
+    fn trips_on_share_of_a_window() {
+        let (b, s) = (breaker(10, 0.5, 100), Stats::default());
+        for i in 0..10 {
+            b.record(i % 3 == 0, &s, "t"); // 4 of 10
+        }
+        assert!(!b.is_open(&s, "t"));
+        let trips: Vec<bool> = (0..10).map(|i| b.record(i % 2 == 0 || i == 9, &s, "t")).collect(); // 6 of 10
+        let tripped = trips.contains(&true);
+        assert!(tripped && b.is_open(&s, "t"));
+    }
+
+    #[test]
+    fn closes_after_cooldown_and_can_be_disabled() {
+        let s = Stats::default();
+        let b =
+            Breaker::new(CircuitBreakerConfig { cooldown: Duration::ZERO, max_consecutive: 1, ..Default::default() });
+        assert!(b.record(true, &s, "t"));
+        assert!(!b.is_open(&s, "t"), "zero cool-down closes at once");
+        let off = Breaker::new(CircuitBreakerConfig { enabled: false, max_consecutive: 1, ..Default::default() });
+        assert!(!off.record(true, &s, "t"));
+    }
+}

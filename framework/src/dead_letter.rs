@@ -1,0 +1,89 @@
+//! Sending a failed record to its DLQ topic, until the broker acknowledges it.
+//!
+//! The record stays unfinished (its offset is not committable) until the DLQ produce is acknowledged;
+//! a failed produce is retried with the pipeline's backoff, forever, until it succeeds or the
+//! partition is revoked or the pipeline stops (then the record is redelivered later). A missing DLQ
+//! topic is created on first use when `dlq.create_topics` is on, with the source topic's partition
+//! count.
+
+use crate::attempt::Outcome;
+use crate::dlq::{self, Failure};
+use crate::pipeline::Shared;
+use crate::processor::Processor;
+use crate::produce::produce;
+use crate::record::Record;
+use crate::stats::Stats;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::types::RDKafkaErrorCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Dead-letters `record`. Returns [`Outcome::DeadLettered`] once acknowledged, or
+/// [`Outcome::Abandoned`] if `cancel` fired first.
+pub(crate) async fn dead_letter<P: Processor>(
+    shared: &Arc<Shared<P>>,
+    record: &Record,
+    failure: &Failure,
+    cancel: &CancellationToken,
+) -> Outcome {
+    let topic = shared.config.dlq_topic(&record.topic);
+    let out = dlq::dead_letter(record, &topic, &shared.config.group_id, shared.processor.name(), failure);
+    let mut attempt = 1;
+    loop {
+        let result = match ensure_topic(shared, &record.topic, &topic).await {
+            Ok(()) => produce(&shared.handles.producer, &out).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => {
+                tracing::warn!(
+                    pipeline = %shared.config.name, topic = %record.topic, partition = record.partition,
+                    offset = record.offset, dlq = %topic, kind = %failure.kind, error = %failure.message,
+                    "record dead-lettered"
+                );
+                return Outcome::DeadLettered;
+            }
+            Err(e) => {
+                Stats::bump(&shared.stats.dlq_produce_failures);
+                shared.log.warn(&format!("DLQ produce to {topic} failed; the record stays uncommitted"), &e);
+            }
+        }
+        let ceiling = shared.config.retry.ceiling(attempt).max(Duration::from_millis(100));
+        let delay = Duration::from_nanos(rand::random_range(ceiling.as_nanos() as u64 / 2..=ceiling.as_nanos() as u64));
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = cancel.cancelled() => return Outcome::Abandoned,
+        }
+        attempt = attempt.saturating_add(1);
+    }
+}
+
+/// Creates the DLQ topic once per run if allowed and missing.
+async fn ensure_topic<P: Processor>(shared: &Arc<Shared<P>>, source: &str, dlq_topic: &str) -> Result<(), String> {
+    if !shared.config.dlq.create_topics
+        || shared.dlq_topics.lock().unwrap_or_else(|p| p.into_inner()).contains(dlq_topic)
+    {
+        return Ok(());
+    }
+    let admin = shared.admin.clone();
+    let src = source.to_owned();
+    let partitions = tokio::task::spawn_blocking(move || {
+        let md = admin.inner().fetch_metadata(Some(&src), Duration::from_secs(10)).map_err(|e| e.to_string())?;
+        let topic = md.topics().first().ok_or("no metadata for the source topic")?;
+        Ok::<_, String>(topic.partitions().len().max(1) as i32)
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let new = NewTopic::new(dlq_topic, partitions, TopicReplication::Fixed(-1));
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for result in shared.admin.create_topics([&new], &opts).await.map_err(|e| e.to_string())? {
+        match result {
+            Ok(_) => tracing::info!(pipeline = %shared.config.name, topic = dlq_topic, partitions, "created DLQ topic"),
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, e)) => return Err(format!("creating DLQ topic {t}: {e}")),
+        }
+    }
+    shared.dlq_topics.lock().unwrap_or_else(|p| p.into_inner()).insert(dlq_topic.to_owned());
+    Ok(())
+}
