@@ -22,6 +22,8 @@ pub(crate) enum Outcome {
     Failed(Failure),
     /// Failed for good and written to the DLQ: its offset completes.
     DeadLettered,
+    /// Skipped: its idempotency key was already processed. Its offset completes.
+    Duplicate,
     /// Shutdown or revoke interrupted a retry: left unfinished, to be redelivered.
     Abandoned,
 }
@@ -32,12 +34,13 @@ pub(crate) async fn attempt_until_done<P: Processor>(
     shared: &Shared<P>,
     epoch: u64,
     record: &Record,
+    idempotency_key: Option<&[u8]>,
     cancel: &CancellationToken,
 ) -> Result<Outcome, Failure> {
     let mut attempt = 1;
     let mut first_failure_ms = None;
     loop {
-        let ctx = Context::new(attempt, epoch, shared.handles.clone());
+        let ctx = Context::new(attempt, epoch, idempotency_key.map(<[u8]>::to_vec), shared.handles.clone());
         let result = match AssertUnwindSafe(shared.processor.process(record, &ctx)).catch_unwind().await {
             Ok(Ok(())) => ctx.acknowledged().await.map_err(ProcessError::from),
             Ok(Err(e)) => Err(e),

@@ -139,6 +139,8 @@ pub struct PipelineConfig {
     pub dlq: DlqConfig,
     /// The DLQ circuit breaker.
     pub circuit_breaker: CircuitBreakerConfig,
+    /// The RocksDB dedup store (off unless set).
+    pub dedup: Option<crate::dedup::DedupConfig>,
     /// Properties for both the consumer and the producer.
     pub kafka: BTreeMap<String, String>,
     /// Consumer-only properties.
@@ -169,6 +171,7 @@ impl PipelineConfig {
             retry: RetryPolicy::default(),
             dlq: DlqConfig::default(),
             circuit_breaker: CircuitBreakerConfig::default(),
+            dedup: None,
             kafka: BTreeMap::new(),
             consumer: BTreeMap::new(),
             producer: BTreeMap::new(),
@@ -225,6 +228,12 @@ impl PipelineConfig {
     /// Sets the DLQ circuit breaker.
     pub fn circuit_breaker(mut self, breaker: CircuitBreakerConfig) -> Self {
         self.circuit_breaker = breaker;
+        self
+    }
+
+    /// Turns the dedup store on.
+    pub fn dedup(mut self, dedup: crate::dedup::DedupConfig) -> Self {
+        self.dedup = Some(dedup);
         self
     }
 
@@ -302,6 +311,19 @@ impl PipelineConfig {
                 if self.topics.contains(&dlq) {
                     return Err(ConfigError::new("dlq.topic", format!("{dlq:?} is also an input topic")));
                 }
+            }
+        }
+        if let Some(d) = &self.dedup {
+            let retry_window: Duration =
+                (1..self.retry.max_attempts.max(1)).map(|a| self.retry.ceiling(a)).sum::<Duration>();
+            if d.ttl <= retry_window {
+                return Err(ConfigError::new(
+                    "dedup.ttl",
+                    format!("{:?} must exceed the longest retry window ({retry_window:?})", d.ttl),
+                ));
+            }
+            if d.dir.as_os_str().is_empty() {
+                return Err(ConfigError::new("dedup.dir", "must name a directory"));
             }
         }
         let cb = &self.circuit_breaker;

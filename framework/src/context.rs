@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 pub struct Context {
     attempt: u32,
     epoch: u64,
+    idempotency_key: Option<Vec<u8>>,
     handles: Arc<RuntimeHandles>,
     pending: Mutex<Vec<(String, DeliveryFuture)>>,
 }
@@ -29,8 +30,20 @@ pub(crate) struct RuntimeHandles {
 }
 
 impl Context {
-    pub(crate) fn new(attempt: u32, epoch: u64, handles: Arc<RuntimeHandles>) -> Self {
-        Self { attempt, epoch, handles, pending: Mutex::new(Vec::new()) }
+    pub(crate) fn new(
+        attempt: u32,
+        epoch: u64,
+        idempotency_key: Option<Vec<u8>>,
+        handles: Arc<RuntimeHandles>,
+    ) -> Self {
+        Self { attempt, epoch, idempotency_key, handles, pending: Mutex::new(Vec::new()) }
+    }
+
+    /// The record's idempotency key when the dedup store is on: the same on every attempt, every
+    /// redelivery and every DLQ replay. Pass it to downstream APIs that accept one, to absorb the one
+    /// repeat dedup cannot prevent (a crash between the effect and the dedup write).
+    pub fn idempotency_key(&self) -> Option<&[u8]> {
+        self.idempotency_key.as_deref()
     }
 
     /// 1 on the first attempt, 2 on the first retry, and so on.

@@ -210,6 +210,9 @@ pub enum Error {
     /// librdkafka error).
     #[error("fatal Kafka error: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    /// The dedup store could not be opened.
+    #[error(transparent)]
+    Dedup(#[from] crate::dedup_store::DedupError),
     /// The runtime's own threads failed.
     #[error("runtime failure: {0}")]
     Runtime(String),

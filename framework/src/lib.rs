@@ -42,6 +42,9 @@ mod breaker;
 pub mod config;
 pub mod context;
 mod dead_letter;
+pub mod dedup;
+mod dedup_changelog;
+pub mod dedup_store;
 pub mod dlq;
 pub mod error;
 pub mod guarantees {
@@ -61,6 +64,7 @@ pub mod stats;
 
 pub use config::{Bounds, CircuitBreakerConfig, DlqConfig, Ordering, PipelineConfig};
 pub use context::Context;
+pub use dedup::{DedupConfig, DedupFallback};
 pub use error::{ConfigError, EmitError, Error, FailureKind, ProcessError, ResultExt};
 pub use pipeline::{Pipeline, RunSummary};
 pub use processor::Processor;

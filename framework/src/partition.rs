@@ -15,6 +15,7 @@
 use crate::attempt::{Outcome, attempt_until_done};
 use crate::config::Ordering;
 use crate::dead_letter::dead_letter;
+use crate::dedup_changelog;
 use crate::offsets::OffsetTracker;
 use crate::pipeline::Shared;
 use crate::processor::Processor;
@@ -216,6 +217,8 @@ impl<P: Processor> PartitionTask<P> {
     }
 
     async fn run(mut self, mut rx: UnboundedReceiver<Command>) {
+        // A partition that moved here may bring dedup keys this instance has never seen.
+        dedup_changelog::restore(&self.shared, &self.handle.topic, self.handle.partition).await;
         let mut running = Running::new();
         loop {
             if let Some(stop) = &mut self.stopping {
@@ -328,20 +331,33 @@ impl<P: Processor> PartitionTask<P> {
                 _ = shared.breaker.closed(&shared.stats) => {}
                 _ = cancel.cancelled() => return abandoned(&record),
             }
-            let outcome = match shared.concurrency.acquire().await {
-                Ok(_permit) => {
-                    shared.stats.started();
-                    let result = attempt_until_done(&shared, epoch, &record, &cancel).await;
-                    shared.stats.running.fetch_sub(1, Relaxed);
-                    match result {
-                        Ok(outcome) => outcome,
-                        Err(failure) if shared.config.dlq.enabled => {
-                            dead_letter(&shared, &record, &failure, &cancel).await
+            let dedup = shared.dedup.as_ref().and_then(|d| Some((d, d.config.key_of(&record)?)));
+            let outcome = match dedup {
+                None => run(&shared, epoch, &record, None, &cancel).await,
+                Some((dedup, key)) => {
+                    // Never two records with the same idempotency key at once.
+                    let _held = tokio::select! {
+                        held = dedup.in_flight.hold(&key) => held,
+                        _ = cancel.cancelled() => return abandoned(&record),
+                    };
+                    let seen = dedup.store.partition(&record.topic, record.partition).and_then(|p| p.seen(&key));
+                    match seen {
+                        Ok(true) => Outcome::Duplicate,
+                        seen => {
+                            if let Err(e) = seen {
+                                shared.log.warn("dedup lookup failed; processing the record", &e.to_string());
+                            }
+                            match run(&shared, epoch, &record, Some(&key), &cancel).await {
+                                Outcome::Done
+                                    if !dedup_changelog::record(&shared, dedup, &record, &key, &cancel).await =>
+                                {
+                                    Outcome::Abandoned
+                                }
+                                outcome => outcome,
+                            }
                         }
-                        Err(failure) => Outcome::Failed(failure),
                     }
                 }
-                Err(_) => Outcome::Abandoned,
             };
             Finished { lane, offset: record.offset, bytes: record.byte_len() as u64, outcome }
         }
@@ -351,13 +367,19 @@ impl<P: Processor> PartitionTask<P> {
     fn finish(&mut self, f: Finished) -> Option<(LaneId, Record)> {
         // Done or not for the circuit breaker; abandoned records say nothing about the records.
         let dead = match f.outcome {
-            Outcome::Done => Some(false),
+            Outcome::Done | Outcome::Duplicate => Some(false),
             Outcome::DeadLettered | Outcome::Failed(_) => Some(true),
             Outcome::Abandoned => None,
         };
         match f.outcome {
             Outcome::Done => {
                 Stats::bump(&self.shared.stats.processed);
+                if self.tracker.complete(f.offset) {
+                    self.publish();
+                }
+            }
+            Outcome::Duplicate => {
+                Stats::bump(&self.shared.stats.dedup_hits);
                 if self.tracker.complete(f.offset) {
                     self.publish();
                 }
@@ -414,6 +436,26 @@ impl<P: Processor> PartitionTask<P> {
             self.shared.resume_hint.store(true, Relaxed);
         }
         self.shared.wake_poller();
+    }
+}
+
+/// Runs a record under the concurrency bound: the retry loop, then the DLQ for a record that failed
+/// for good (when the DLQ is on).
+async fn run<P: Processor>(
+    shared: &Arc<Shared<P>>,
+    epoch: u64,
+    record: &Record,
+    idempotency_key: Option<&[u8]>,
+    cancel: &CancellationToken,
+) -> Outcome {
+    let Ok(_permit) = shared.concurrency.acquire().await else { return Outcome::Abandoned };
+    shared.stats.started();
+    let result = attempt_until_done(shared, epoch, record, idempotency_key, cancel).await;
+    shared.stats.running.fetch_sub(1, Relaxed);
+    match result {
+        Ok(outcome) => outcome,
+        Err(failure) if shared.config.dlq.enabled => dead_letter(shared, record, &failure, cancel).await,
+        Err(failure) => Outcome::Failed(failure),
     }
 }
 

@@ -17,6 +17,7 @@
 use crate::breaker::Breaker;
 use crate::config::PipelineConfig;
 use crate::context::RuntimeHandles;
+use crate::dedup_changelog::Dedup;
 use crate::error::{ConfigError, Error};
 use crate::kafka_log::{KafkaLog, Producer, ProducerHooks, is_fatal};
 use crate::partition::PartitionHandle;
@@ -59,6 +60,8 @@ pub(crate) struct Shared<P> {
     pub(crate) dlq_topics: Mutex<HashSet<String>>,
     pub(crate) breaker: Breaker,
     pub(crate) log: Arc<KafkaLog>,
+    /// The dedup store, when on.
+    pub(crate) dedup: Option<Dedup>,
 }
 
 /// Lets partition tasks wake the poll thread while it waits for in-flight room.
@@ -156,7 +159,9 @@ impl<P: Processor> Pipeline<P> {
             .map_err(client_creation("producer"))?;
         let admin: AdminClient<DefaultClientContext> =
             admin_config(&config).create().map_err(client_creation("admin"))?;
+        let dedup = config.dedup.clone().map(|d| Dedup::open(d, &config.group_id)).transpose()?;
         let shared = Shared {
+            dedup,
             admin: Arc::new(admin),
             dlq_topics: Mutex::default(),
             breaker: Breaker::new(config.circuit_breaker),

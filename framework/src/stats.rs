@@ -9,6 +9,9 @@ pub struct Stats {
     pub(crate) processed: AtomicU64,
     pub(crate) failed: AtomicU64,
     pub(crate) dead_lettered: AtomicU64,
+    pub(crate) dedup_hits: AtomicU64,
+    pub(crate) dedup_restored: AtomicU64,
+    pub(crate) dedup_restores: AtomicU64,
     pub(crate) dlq_produce_failures: AtomicU64,
     pub(crate) breaker_open: AtomicU64,
     pub(crate) breaker_trips: AtomicU64,
@@ -40,6 +43,12 @@ pub struct StatsSnapshot {
     pub failed: u64,
     /// Records written to the DLQ (their offsets then complete).
     pub dead_lettered: u64,
+    /// Records skipped because their idempotency key was already processed.
+    pub dedup_hits: u64,
+    /// Dedup entries restored from the changelog.
+    pub dedup_restored: u64,
+    /// Partition restores from the changelog that completed.
+    pub dedup_restores: u64,
     /// DLQ produce attempts that failed (the record stayed unfinished and was retried).
     pub dlq_produce_failures: u64,
     /// Whether the DLQ circuit breaker is open now (the pipeline is unhealthy and paused).
@@ -84,6 +93,9 @@ impl Stats {
             processed: self.processed.load(Relaxed),
             failed: self.failed.load(Relaxed),
             dead_lettered: self.dead_lettered.load(Relaxed),
+            dedup_hits: self.dedup_hits.load(Relaxed),
+            dedup_restored: self.dedup_restored.load(Relaxed),
+            dedup_restores: self.dedup_restores.load(Relaxed),
             dlq_produce_failures: self.dlq_produce_failures.load(Relaxed),
             breaker_open: self.breaker_open.load(Relaxed) != 0,
             breaker_trips: self.breaker_trips.load(Relaxed),

@@ -169,6 +169,8 @@ pub struct JournalEntry {
     pub key: String,
     /// Assignment epoch the record was processed under.
     pub epoch: u64,
+    /// The idempotency key the processor saw (`-` when dedup was off).
+    pub idempotency_key: String,
 }
 
 /// Reads a journal file written by `millrace-it-worker` (missing file = empty). A torn last line
@@ -188,6 +190,7 @@ pub fn read_journal(path: &Path) -> Result<Vec<JournalEntry>> {
                 offset: f.next()?.parse().ok()?,
                 key: f.next()?.to_owned(),
                 epoch: f.next()?.parse().ok()?,
+                idempotency_key: f.next().unwrap_or("-").to_owned(),
             })
         })
         .collect())
@@ -345,12 +348,12 @@ pub fn read_topic(topic: &str) -> Result<Vec<ReadRecord>> {
     Ok(out)
 }
 
+/// A record to produce: key, value (either may be null) and headers.
+pub type RawRecord = (Option<Vec<u8>>, Option<Vec<u8>>, Vec<(String, Vec<u8>)>);
+
 /// Produces records with full control over key, value (possibly null) and headers; returns where
 /// each landed.
-pub async fn produce_raw(
-    topic: &str,
-    records: impl IntoIterator<Item = (Option<Vec<u8>>, Option<Vec<u8>>, Vec<(String, Vec<u8>)>)>,
-) -> Result<Vec<(i32, i64)>> {
+pub async fn produce_raw(topic: &str, records: impl IntoIterator<Item = RawRecord>) -> Result<Vec<(i32, i64)>> {
     use rdkafka::message::{Header, OwnedHeaders};
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())

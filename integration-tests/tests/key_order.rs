@@ -38,6 +38,7 @@ impl Processor for Recorder {
                 offset: record.offset,
                 key: key.1.clone(),
                 epoch: ctx.assignment_epoch(),
+                idempotency_key: String::new(),
             });
         }
         let delay = rand::random_range(0..=2000u64);

@@ -31,6 +31,7 @@ impl Processor for Member {
                 offset: record.offset,
                 key: record.key_str().unwrap_or("-").to_owned(),
                 epoch: ctx.assignment_epoch(),
+                idempotency_key: String::new(),
             },
         ));
         let n = {

@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use clap::Parser;
-use millrace::{Bounds, Context, Ordering, Pipeline, PipelineConfig, ProcessError, Processor, Record};
+use millrace::{Bounds, Context, DedupConfig, Ordering, Pipeline, PipelineConfig, ProcessError, Processor, Record};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
@@ -37,6 +37,9 @@ struct Args {
     commit_interval_ms: u64,
     #[arg(long, default_value_t = 10_000)]
     drain_timeout_ms: u64,
+    /// Turn the dedup store on, with its RocksDB in this directory.
+    #[arg(long)]
+    dedup_dir: Option<PathBuf>,
     /// Extra consumer properties, `key=value`.
     #[arg(long = "consumer-prop")]
     consumer_props: Vec<String>,
@@ -53,12 +56,14 @@ impl Processor for Journaling {
         if hi > 0 {
             tokio::time::sleep(Duration::from_millis(rand::random_range(lo..=hi))).await;
         }
+        let idempotency_key = ctx.idempotency_key().map(String::from_utf8_lossy);
         let line = format!(
-            "{} {} {} {}\n",
+            "{} {} {} {} {}\n",
             record.partition,
             record.offset,
             record.key_str().unwrap_or("-"),
-            ctx.assignment_epoch()
+            ctx.assignment_epoch(),
+            idempotency_key.as_deref().unwrap_or("-")
         );
         self.file.lock().expect("journal lock").write_all(line.as_bytes()).map_err(ProcessError::transient)?;
         Ok(())
@@ -90,6 +95,9 @@ async fn main() -> Result<()> {
         })
         .commit_interval(Duration::from_millis(args.commit_interval_ms))
         .drain_timeout(Duration::from_millis(args.drain_timeout_ms));
+    if let Some(dir) = &args.dedup_dir {
+        config = config.dedup(DedupConfig::new(dir));
+    }
     for prop in &args.consumer_props {
         let (k, v) = prop.split_once('=').ok_or_else(|| anyhow::anyhow!("--consumer-prop wants key=value"))?;
         config = config.consumer_property(k, v);
@@ -102,14 +110,15 @@ async fn main() -> Result<()> {
     // One machine-readable line for the parent test.
     let s = stats.snapshot();
     println!(
-        "SUMMARY processed={} failed={} drained={} in_flight_peak={} running_peak={} revocations={} assignments={}",
+        "SUMMARY processed={} failed={} drained={} in_flight_peak={} running_peak={} revocations={} assignments={} dedup_hits={}",
         summary.processed,
         summary.failed,
         summary.drained,
         s.in_flight_peak,
         s.running_peak,
         s.revocations,
-        s.assignments
+        s.assignments,
+        s.dedup_hits
     );
     Ok(())
 }

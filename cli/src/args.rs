@@ -1,0 +1,234 @@
+//! The command line: `millrace dlq stats|list|replay` and their options.
+
+use crate::filter::{Filter, parse_header_condition, parse_kind, parse_offset, parse_time_arg};
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use millrace::dlq::DlqErrorKind;
+
+/// Operator tool for Millrace: inspect and replay dead-letter topics.
+#[derive(Debug, Parser)]
+#[command(name = "millrace", version, about, long_about = None)]
+pub struct Cli {
+    /// Kafka bootstrap servers (comma-separated host:port).
+    #[arg(long, global = true, env = "KAFKA_BOOTSTRAP_SERVERS", default_value = "127.0.0.1:9092")]
+    pub bootstrap: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+impl Cli {
+    /// The bootstrap servers, with an empty setting taken as the default.
+    pub fn bootstrap(&self) -> &str {
+        if self.bootstrap.trim().is_empty() { "127.0.0.1:9092" } else { self.bootstrap.trim() }
+    }
+}
+
+/// Top-level commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Dead-letter topics: statistics, listing and replay.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+}
+
+/// `millrace dlq …` commands.
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Count the records of a DLQ topic by error kind, original topic and processor, with the oldest
+    /// and newest failure. Reads the whole topic (to its end at start); commits nothing.
+    Stats(StatsArgs),
+    /// Show DLQ records: coordinates, key, Millrace information, user headers and value (text when
+    /// printable UTF-8, else hex). `--format json` writes one JSON object per line.
+    List(ListArgs),
+    /// Produce DLQ records back to their original topic (or `--to`), resuming where an earlier
+    /// replay with the same group stopped.
+    Replay(ReplayArgs),
+}
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Human-readable text.
+    Table,
+    /// JSON (one object per line where there are several).
+    Json,
+}
+
+/// Record filters shared by the commands; all given conditions must hold.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Filters")]
+pub struct FilterArgs {
+    /// Error kind (transient-exhausted, permanent, decode, panic); repeat for any of several.
+    #[arg(long = "kind", value_name = "KIND", value_parser = parse_kind)]
+    pub kinds: Vec<DlqErrorKind>,
+    /// Original topic the record was consumed from.
+    #[arg(long, value_name = "TOPIC")]
+    pub original_topic: Option<String>,
+    /// Exact record key (UTF-8).
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<String>,
+    /// Smallest original offset (inclusive).
+    #[arg(long, value_name = "N", value_parser = parse_offset)]
+    pub from_offset: Option<i64>,
+    /// Largest original offset (inclusive).
+    #[arg(long, value_name = "N", value_parser = parse_offset)]
+    pub to_offset: Option<i64>,
+    /// Last failure at or after this time: ms since the epoch, YYYY-MM-DD or RFC 3339.
+    #[arg(long, value_name = "TIME", value_parser = parse_time_arg)]
+    pub since: Option<i64>,
+    /// Last failure at or before this time: ms since the epoch, YYYY-MM-DD or RFC 3339.
+    #[arg(long, value_name = "TIME", value_parser = parse_time_arg)]
+    pub until: Option<i64>,
+    /// A header (user or millrace.*) equal to a value, as name=value; repeat for several.
+    #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_header_condition)]
+    pub headers: Vec<(String, String)>,
+}
+
+impl FilterArgs {
+    /// The validated, normalized filter.
+    pub fn to_filter(&self) -> Result<Filter> {
+        Filter {
+            kinds: self.kinds.clone(),
+            original_topic: self.original_topic.clone(),
+            key: self.key.clone(),
+            from_offset: self.from_offset,
+            to_offset: self.to_offset,
+            since_ms: self.since,
+            until_ms: self.until,
+            headers: self.headers.clone(),
+        }
+        .normalized()
+    }
+}
+
+/// `millrace dlq stats`.
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// The DLQ topic.
+    pub topic: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+    /// Filters.
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+/// `millrace dlq list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// The DLQ topic.
+    pub topic: String,
+    /// Show at most N matching records.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
+    /// Output format (json: one object per line).
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+    /// Filters.
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+/// `millrace dlq replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The DLQ topic.
+    pub topic: String,
+    /// Produce to this topic instead of each record's original topic (also replays records without
+    /// Millrace headers).
+    #[arg(long, value_name = "TOPIC")]
+    pub to: Option<String>,
+    /// Show what would be replayed; produce and commit nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// At most N records per second (e.g. 100 or 100/s).
+    #[arg(long, value_name = "N/s", value_parser = parse_rate)]
+    pub rate: Option<f64>,
+    /// Records already replayed this many times are parked (reported, not produced).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub max_replays: u32,
+    /// Consumer group keeping the replay position [default: millrace-replay.TOPIC, plus .HASH of the
+    /// filters when filters are given]
+    #[arg(long, value_name = "GROUP")]
+    pub group: Option<String>,
+    /// Output format of the per-record reports and the summary.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+    /// Filters.
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+/// Parses `--rate`: a positive number of records per second, optionally suffixed `/s`.
+pub fn parse_rate(s: &str) -> Result<f64, String> {
+    let n = s.trim().strip_suffix("/s").unwrap_or(s.trim());
+    match n.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!("{s:?} is not a rate (a positive number of records per second, like 100 or 100/s)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_replay_with_filters() {
+        let cli = Cli::try_parse_from([
+            "millrace",
+            "--bootstrap",
+            "b:9092",
+            "dlq",
+            "replay",
+            "orders.dlq",
+            "--kind",
+            "panic",
+            "--kind",
+            "decode",
+            "--header",
+            "tenant=acme",
+            "--since",
+            "2024-01-01T00:00:00Z",
+            "--rate",
+            "50/s",
+            "--dry-run",
+        ])
+        .unwrap();
+        assert_eq!(cli.bootstrap(), "b:9092");
+        let Command::Dlq(DlqCommand::Replay(r)) = cli.command else { panic!("replay expected") };
+        assert_eq!(r.topic, "orders.dlq");
+        assert!(r.dry_run);
+        assert_eq!(r.rate, Some(50.0));
+        assert_eq!(r.max_replays, 3);
+        let f = r.filter.to_filter().unwrap();
+        assert_eq!(f.kinds, vec![DlqErrorKind::Decode, DlqErrorKind::Panic]);
+        assert_eq!(f.headers, vec![("tenant".to_owned(), "acme".to_owned())]);
+        assert_eq!(f.since_ms, Some(1_704_067_200_000));
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        for args in [
+            &["millrace", "dlq", "list", "t", "--kind", "oops"][..],
+            &["millrace", "dlq", "list", "t", "--from-offset", "-3"],
+            &["millrace", "dlq", "list", "t", "--since", "last tuesday"],
+            &["millrace", "dlq", "list", "t", "--header", "novalue"],
+            &["millrace", "dlq", "replay", "t", "--rate", "0"],
+            &["millrace", "dlq", "stats", "t", "--format", "yaml"],
+        ] {
+            assert!(Cli::try_parse_from(args).is_err(), "{args:?} should be rejected");
+        }
+        let cli =
+            Cli::try_parse_from(["millrace", "dlq", "list", "t", "--from-offset", "9", "--to-offset", "2"]).unwrap();
+        let Command::Dlq(DlqCommand::List(l)) = cli.command else { panic!("list expected") };
+        assert!(l.filter.to_filter().is_err());
+    }
+}

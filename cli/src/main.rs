@@ -1,0 +1,67 @@
+//! `millrace`: the operator's command-line tool for Millrace dead-letter topics.
+//!
+//! ```text
+//! millrace dlq stats  <dlq-topic> [filters] [--format table|json]
+//! millrace dlq list   <dlq-topic> [filters] [--limit N] [--format table|json]
+//! millrace dlq replay <dlq-topic> [--to TOPIC] [filters] [--dry-run] [--rate N/s] [--max-replays N] [--group G]
+//! ```
+//!
+//! Brokers come from `--bootstrap` or `KAFKA_BOOTSTRAP_SERVERS` (default `127.0.0.1:9092`). Errors
+//! are printed on stderr with a non-zero exit status (1; 2 for invalid arguments; 130 when a replay
+//! was interrupted by a signal after committing its progress).
+
+mod args;
+mod filter;
+mod list;
+mod progress;
+mod read;
+mod replay;
+mod show;
+mod stats;
+mod time;
+
+use anyhow::Result;
+use args::{Cli, Command, DlqCommand};
+use clap::Parser as _;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,librdkafka=off,rdkafka=off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("millrace: error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(&cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("millrace: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: &Cli) -> Result<ExitCode> {
+    let bootstrap = cli.bootstrap();
+    match &cli.command {
+        Command::Dlq(DlqCommand::Stats(a)) => stats::run(bootstrap, a).await?,
+        Command::Dlq(DlqCommand::List(a)) => list::run(bootstrap, a).await?,
+        Command::Dlq(DlqCommand::Replay(a)) => {
+            let summary = replay::run(bootstrap, a).await?;
+            replay::print_summary(&summary, a.format)?;
+            if summary.interrupted {
+                return Ok(ExitCode::from(130));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

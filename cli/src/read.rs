@@ -1,0 +1,234 @@
+//! Reading a DLQ topic once, from a start position to the end offsets captured when the scan opens.
+//!
+//! The consumer is `assign()`ed (it never joins a group, so it cannot trigger a rebalance). With a
+//! group id, the start of each partition is the group's committed offset, and the caller may commit
+//! through [`TopicScan::commit`]; without one, the scan starts at the beginning.
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use millrace::dlq::DlqInfo;
+use millrace::record::{Header, Headers};
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Headers as _};
+use rdkafka::producer::FutureProducer;
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+/// How long a metadata, watermark or committed-offsets request may take before the broker is
+/// reported unreachable.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One record of a DLQ topic, copied out of the consumer, with its Millrace information parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DlqRecord {
+    /// Partition in the DLQ topic.
+    pub partition: i32,
+    /// Offset in the DLQ partition.
+    pub offset: i64,
+    /// The DLQ record's timestamp (ms), when the broker reports one.
+    pub timestamp: Option<i64>,
+    /// Key bytes (the original key).
+    pub key: Option<Vec<u8>>,
+    /// Value bytes (the original value).
+    pub value: Option<Vec<u8>>,
+    /// All headers: the original user headers and the `millrace.*` ones.
+    pub headers: Headers,
+    /// What the Millrace headers say; `None` when the record has no (valid) Millrace headers.
+    pub info: Option<DlqInfo>,
+}
+
+impl DlqRecord {
+    fn from_message(msg: &BorrowedMessage<'_>) -> Self {
+        let headers = msg
+            .headers()
+            .map(|hs| {
+                Headers(
+                    hs.iter().map(|h| Header { name: h.key.to_owned(), value: h.value.map(<[u8]>::to_vec) }).collect(),
+                )
+            })
+            .unwrap_or_default();
+        DlqRecord {
+            partition: msg.partition(),
+            offset: msg.offset(),
+            timestamp: msg.timestamp().to_millis(),
+            key: msg.key().map(<[u8]>::to_vec),
+            value: msg.payload().map(<[u8]>::to_vec),
+            info: DlqInfo::from_headers(&headers),
+            headers,
+        }
+    }
+}
+
+/// Client settings shared by the tool's consumers and producers.
+pub fn client_config(bootstrap: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap).set("socket.connection.setup.timeout.ms", "10000");
+    c
+}
+
+/// An idempotent producer (`acks=all`) for replays.
+pub fn producer(bootstrap: &str) -> Result<FutureProducer> {
+    client_config(bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .create()
+        .context("creating the Kafka producer")
+}
+
+/// Partition count of `topic`, `None` when it does not exist. Errors say the broker is unreachable.
+pub fn partition_count<C: rdkafka::client::ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    bootstrap: &str,
+    topic: &str,
+) -> Result<Option<i32>> {
+    let md = tokio::task::block_in_place(|| client.fetch_metadata(Some(topic), REQUEST_TIMEOUT))
+        .map_err(|e| unreachable_error(bootstrap, e))?;
+    let Some(t) = md.topics().iter().find(|t| t.name() == topic) else { return Ok(None) };
+    match t.error() {
+        None if !t.partitions().is_empty() => Ok(Some(t.partitions().len() as i32)),
+        None => Ok(None),
+        Some(e) => match RDKafkaErrorCode::from(e) {
+            RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic => Ok(None),
+            code => bail!("metadata for topic {topic}: {code}"),
+        },
+    }
+}
+
+/// The error for a request the broker did not answer.
+pub fn unreachable_error(bootstrap: &str, e: KafkaError) -> anyhow::Error {
+    anyhow!("cannot reach Kafka at {bootstrap}: {e} (set --bootstrap or KAFKA_BOOTSTRAP_SERVERS)")
+}
+
+/// A single pass over a topic up to the end offsets captured at open.
+pub struct TopicScan {
+    consumer: StreamConsumer,
+    topic: String,
+    bootstrap: String,
+    /// Per partition: (start offset, end offset); records `start..end` are read.
+    bounds: BTreeMap<i32, (i64, i64)>,
+    /// Partitions not yet read to their end.
+    remaining: BTreeSet<i32>,
+}
+
+impl TopicScan {
+    /// Checks that `topic` exists, captures its end offsets and assigns the partitions that have
+    /// records to read. With `group`, each partition starts at the group's committed offset.
+    pub fn open(bootstrap: &str, topic: &str, group: Option<&str>) -> Result<Self> {
+        let mut config = client_config(bootstrap);
+        config
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "true")
+            .set("auto.offset.reset", "earliest")
+            .set("isolation.level", "read_committed")
+            // Short long-polls at the end of a partition: on a single broker, a commit waits behind
+            // the fetch in flight on the same connection.
+            .set("fetch.wait.max.ms", "100");
+        // librdkafka needs a group id to assign partitions; without the caller's group this one is
+        // only a name: nothing is committed under it and assign() never joins it.
+        config.set("group.id", group.unwrap_or("millrace-cli-reader"));
+        let consumer: StreamConsumer = config.create().context("creating the Kafka consumer")?;
+        let partitions = partition_count(consumer.client(), bootstrap, topic)?
+            .ok_or_else(|| anyhow!("topic {topic} does not exist (at {bootstrap})"))?;
+        let committed = match group {
+            Some(g) => {
+                let mut tpl = TopicPartitionList::new();
+                for p in 0..partitions {
+                    tpl.add_partition(topic, p);
+                }
+                let got = tokio::task::block_in_place(|| consumer.committed_offsets(tpl, REQUEST_TIMEOUT))
+                    .with_context(|| format!("reading the committed offsets of group {g}"))?;
+                (0..partitions)
+                    .filter_map(|p| match got.find_partition(topic, p).map(|e| e.offset()) {
+                        Some(Offset::Offset(o)) => Some((p, o)),
+                        _ => None,
+                    })
+                    .collect()
+            }
+            None => BTreeMap::new(),
+        };
+        let mut bounds = BTreeMap::new();
+        let mut assignment = TopicPartitionList::new();
+        for p in 0..partitions {
+            let (low, high) = tokio::task::block_in_place(|| consumer.fetch_watermarks(topic, p, REQUEST_TIMEOUT))
+                .map_err(|e| unreachable_error(bootstrap, e))?;
+            let start = committed.get(&p).map_or(low, |&c: &i64| c.max(low));
+            bounds.insert(p, (start, high));
+            if start < high {
+                assignment.add_partition_offset(topic, p, Offset::Offset(start)).context("building the assignment")?;
+            }
+        }
+        consumer.assign(&assignment).context("assigning the DLQ partitions")?;
+        tracing::debug!(topic, ?bounds, "scan opened");
+        let remaining = bounds.iter().filter(|(_, (s, e))| s < e).map(|(p, _)| *p).collect();
+        Ok(TopicScan { consumer, topic: topic.to_owned(), bootstrap: bootstrap.to_owned(), bounds, remaining })
+    }
+
+    /// Records this scan will read at most (end minus start, summed over partitions).
+    pub fn total(&self) -> u64 {
+        self.bounds.values().map(|(s, e)| (e - s).max(0) as u64).sum()
+    }
+
+    /// Per partition: the start and end offsets of this scan.
+    pub fn bounds(&self) -> &BTreeMap<i32, (i64, i64)> {
+        &self.bounds
+    }
+
+    /// The next record in offset order within its partition (partitions interleave), or `None` once
+    /// every partition was read to its captured end.
+    pub async fn next(&mut self) -> Result<Option<DlqRecord>> {
+        while !self.remaining.is_empty() {
+            match self.consumer.recv().await {
+                Ok(msg) => {
+                    let (p, offset) = (msg.partition(), msg.offset());
+                    let end = self.bounds.get(&p).map_or(0, |b| b.1);
+                    let record = (offset < end).then(|| DlqRecord::from_message(&msg));
+                    drop(msg);
+                    if offset >= end - 1 {
+                        self.finish_partition(p);
+                    }
+                    if record.is_some() {
+                        return Ok(record);
+                    }
+                }
+                // Delivered after every earlier record of the partition: reached the end of the log
+                // (at or past the captured end; also covers a trailing transaction marker).
+                Err(KafkaError::PartitionEOF(p)) => self.finish_partition(p),
+                Err(KafkaError::MessageConsumption(
+                    code @ (RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic),
+                )) => bail!("reading {}: {code} (was the topic deleted?)", self.topic),
+                Err(KafkaError::MessageConsumption(
+                    code @ (RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::GroupAuthorizationFailed),
+                )) => bail!("reading {}: {code}", self.topic),
+                Err(e) => {
+                    tracing::warn!(topic = %self.topic, bootstrap = %self.bootstrap, "consumer error: {e} (retrying)")
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn finish_partition(&mut self, p: i32) {
+        if self.remaining.remove(&p) {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&self.topic, p);
+            // Only stops needless fetching past the end; records past it are ignored anyway.
+            let _ = self.consumer.pause(&tpl);
+        }
+    }
+
+    /// Commits `next offset to read` per partition for the scan's group, synchronously.
+    pub fn commit(&self, offsets: &BTreeMap<i32, i64>) -> Result<()> {
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (p, o) in offsets {
+            tpl.add_partition_offset(&self.topic, *p, Offset::Offset(*o)).context("building the commit")?;
+        }
+        tokio::task::block_in_place(|| self.consumer.commit(&tpl, CommitMode::Sync))
+            .with_context(|| format!("committing DLQ offsets {offsets:?} of {}", self.topic))
+    }
+}

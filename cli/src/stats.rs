@@ -1,0 +1,213 @@
+//! `millrace dlq stats`: counts of a DLQ topic's records by error kind, original topic, processor and
+//! group, with the oldest and newest failure.
+
+use crate::args::{Format, StatsArgs};
+use crate::filter::Filter;
+use crate::read::{DlqRecord, TopicScan};
+use crate::time::format_ms;
+use anyhow::Result;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// Where and when one failure happened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FailurePoint {
+    /// Last failure time, RFC 3339 (UTC).
+    pub failed_at: String,
+    /// Last failure time, ms since the epoch.
+    pub failed_at_ms: i64,
+    /// Original topic.
+    pub original_topic: String,
+    /// Original partition.
+    pub original_partition: i32,
+    /// Original offset.
+    pub original_offset: i64,
+    /// Partition in the DLQ topic.
+    pub dlq_partition: i32,
+    /// Offset in the DLQ topic.
+    pub dlq_offset: i64,
+}
+
+/// The statistics of a DLQ topic (of the records matching the filters).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DlqStats {
+    /// The DLQ topic.
+    pub topic: String,
+    /// Records read.
+    pub scanned: u64,
+    /// Records matching the filters (all records without filters).
+    pub records: u64,
+    /// Records not matching the filters.
+    pub filtered_out: u64,
+    /// Matching records without (valid) Millrace headers.
+    pub without_millrace_headers: u64,
+    /// Counts by error kind.
+    pub by_kind: BTreeMap<String, u64>,
+    /// Counts by original topic.
+    pub by_original_topic: BTreeMap<String, u64>,
+    /// Counts by processor name.
+    pub by_processor: BTreeMap<String, u64>,
+    /// Counts by consumer group.
+    pub by_group: BTreeMap<String, u64>,
+    /// The failure with the earliest last-failure time.
+    pub oldest: Option<FailurePoint>,
+    /// The failure with the latest last-failure time.
+    pub newest: Option<FailurePoint>,
+}
+
+impl DlqStats {
+    /// Counts one record.
+    pub fn add(&mut self, record: &DlqRecord, filter: &Filter) {
+        self.scanned += 1;
+        if !filter.matches(record) {
+            self.filtered_out += 1;
+            return;
+        }
+        self.records += 1;
+        let Some(info) = &record.info else {
+            self.without_millrace_headers += 1;
+            return;
+        };
+        *self.by_kind.entry(info.kind.to_string()).or_default() += 1;
+        *self.by_original_topic.entry(info.original_topic.clone()).or_default() += 1;
+        *self.by_processor.entry(info.processor.clone()).or_default() += 1;
+        *self.by_group.entry(info.group.clone()).or_default() += 1;
+        let point = || FailurePoint {
+            failed_at: format_ms(info.last_failure_ms),
+            failed_at_ms: info.last_failure_ms,
+            original_topic: info.original_topic.clone(),
+            original_partition: info.original_partition,
+            original_offset: info.original_offset,
+            dlq_partition: record.partition,
+            dlq_offset: record.offset,
+        };
+        if self.oldest.as_ref().is_none_or(|o| info.last_failure_ms < o.failed_at_ms) {
+            self.oldest = Some(point());
+        }
+        if self.newest.as_ref().is_none_or(|n| info.last_failure_ms > n.failed_at_ms) {
+            self.newest = Some(point());
+        }
+    }
+
+    /// The human-readable report.
+    pub fn to_table(&self) -> String {
+        let mut out = String::new();
+        let _ = write!(out, "DLQ topic {}: {} records", self.topic, self.records);
+        if self.filtered_out > 0 {
+            let _ = write!(out, " matching the filters ({} scanned, {} filtered out)", self.scanned, self.filtered_out);
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(out, "without Millrace headers: {}", self.without_millrace_headers);
+        for (title, counts) in [
+            ("by error kind", &self.by_kind),
+            ("by original topic", &self.by_original_topic),
+            ("by processor", &self.by_processor),
+            ("by group", &self.by_group),
+        ] {
+            let _ = writeln!(out, "\n{title}:");
+            if counts.is_empty() {
+                let _ = writeln!(out, "  (none)");
+            }
+            let width = counts.keys().map(|k| k.chars().count()).max().unwrap_or(0).max(8);
+            for (name, n) in counts {
+                let name = if name.is_empty() { "(unnamed)" } else { name };
+                let _ = writeln!(out, "  {name:<width$}  {n:>8}");
+            }
+        }
+        let _ = writeln!(out);
+        for (title, point) in [("oldest failure", &self.oldest), ("newest failure", &self.newest)] {
+            match point {
+                Some(p) => {
+                    let _ = writeln!(
+                        out,
+                        "{title}: {}  {} partition {} offset {}  (DLQ partition {} offset {})",
+                        p.failed_at,
+                        p.original_topic,
+                        p.original_partition,
+                        p.original_offset,
+                        p.dlq_partition,
+                        p.dlq_offset
+                    );
+                }
+                None => {
+                    let _ = writeln!(out, "{title}: -");
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Runs `millrace dlq stats`.
+pub async fn run(bootstrap: &str, args: &StatsArgs) -> Result<()> {
+    let filter = args.filter.to_filter()?;
+    let mut scan = TopicScan::open(bootstrap, &args.topic, None)?;
+    let mut stats = DlqStats { topic: args.topic.clone(), ..DlqStats::default() };
+    while let Some(record) = scan.next().await? {
+        stats.add(&record, &filter);
+    }
+    match args.format {
+        Format::Table => print!("{}", stats.to_table()),
+        Format::Json => println!("{}", serde_json::to_string_pretty(&stats)?),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use millrace::dlq::headers;
+    use millrace::record::Headers;
+
+    fn record(offset: i64, kind: Option<&str>, last_failure: i64) -> DlqRecord {
+        let mut h = Headers::default();
+        if let Some(kind) = kind {
+            for (n, v) in [
+                (headers::ORIGINAL_TOPIC, "orders"),
+                (headers::ORIGINAL_PARTITION, "2"),
+                (headers::GROUP, "billing"),
+                (headers::PROCESSOR, "Charge"),
+                (headers::ERROR_KIND, kind),
+                (headers::ATTEMPTS, "3"),
+                (headers::FIRST_FAILURE, "1"),
+            ] {
+                h.push(n, v);
+            }
+            h.push(headers::ORIGINAL_OFFSET, (offset + 100).to_string());
+            h.push(headers::LAST_FAILURE, last_failure.to_string());
+        }
+        let info = millrace::dlq::DlqInfo::from_headers(&h);
+        DlqRecord { partition: 0, offset, timestamp: None, key: None, value: None, headers: h, info }
+    }
+
+    #[test]
+    fn counts_and_extremes() {
+        let mut stats = DlqStats::default();
+        let f = Filter::default();
+        stats.add(&record(0, Some("panic"), 500), &f);
+        stats.add(&record(1, Some("permanent"), 100), &f);
+        stats.add(&record(2, Some("panic"), 900), &f);
+        stats.add(&record(3, None, 0), &f);
+        assert_eq!((stats.scanned, stats.records, stats.without_millrace_headers), (4, 4, 1));
+        assert_eq!(stats.by_kind.get("panic"), Some(&2));
+        assert_eq!(stats.by_kind.get("permanent"), Some(&1));
+        assert_eq!(stats.by_original_topic.get("orders"), Some(&3));
+        assert_eq!(stats.by_processor.get("Charge"), Some(&3));
+        let oldest = stats.oldest.as_ref().unwrap();
+        assert_eq!((oldest.failed_at_ms, oldest.original_offset, oldest.dlq_offset), (100, 101, 1));
+        assert_eq!(stats.newest.as_ref().unwrap().dlq_offset, 2);
+        assert!(stats.to_table().contains("panic"));
+    }
+
+    #[test]
+    fn filters_apply() {
+        let mut stats = DlqStats::default();
+        let f = Filter { kinds: vec![millrace::dlq::DlqErrorKind::Panic], ..Filter::default() };
+        stats.add(&record(0, Some("panic"), 500), &f);
+        stats.add(&record(1, Some("permanent"), 100), &f);
+        stats.add(&record(2, None, 0), &f);
+        assert_eq!((stats.scanned, stats.records, stats.filtered_out), (3, 1, 2));
+        assert_eq!(stats.oldest.as_ref().unwrap().dlq_offset, 0);
+    }
+}

@@ -1,0 +1,224 @@
+//! The dedup store's changelog: every recorded key is also produced to the compacted topic
+//! `<group>.dedup-changelog` (same partition number as the input record, source topic in a header),
+//! and a partition's keys are restored from it when the partition is assigned, so that a partition
+//! moving to an instance with an empty disk still rejects duplicates.
+
+use crate::dedup::{DedupConfig, InFlightKeys, changelog_topic};
+use crate::dedup_store::DedupStore;
+use crate::pipeline::Shared;
+use crate::processor::Processor;
+use crate::produce::enqueue;
+use crate::record::{OutputRecord, Record};
+use crate::stats::Stats;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers as _, Message};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Header naming the source topic of a changelog entry.
+pub const SOURCE_TOPIC_HEADER: &str = "millrace.source-topic";
+
+/// Everything dedup needs at run time.
+pub(crate) struct Dedup {
+    pub(crate) config: DedupConfig,
+    pub(crate) store: DedupStore,
+    pub(crate) in_flight: Arc<InFlightKeys>,
+    pub(crate) changelog: String,
+    changelog_ready: AtomicBool,
+}
+
+impl Dedup {
+    pub(crate) fn open(config: DedupConfig, group: &str) -> Result<Self, crate::dedup_store::DedupError> {
+        let store = DedupStore::open(&config.dir, config.ttl, config.sync_writes)?;
+        Ok(Self {
+            changelog: changelog_topic(group),
+            config,
+            store,
+            in_flight: Arc::default(),
+            changelog_ready: AtomicBool::new(false),
+        })
+    }
+}
+
+/// Records `key` as processed: locally, then in the changelog (acknowledged), retrying until it is
+/// done or `cancel` fires. Returns whether it was recorded.
+pub(crate) async fn record<P: Processor>(
+    shared: &Arc<Shared<P>>,
+    dedup: &Dedup,
+    record: &Record,
+    key: &[u8],
+    cancel: &CancellationToken,
+) -> bool {
+    let now = crate::dlq::now_ms();
+    let mut attempt = 1;
+    loop {
+        match write(shared, dedup, record, key, now).await {
+            Ok(()) => return true,
+            Err(e) => shared.log.warn("dedup write failed; the record stays uncommitted", &e),
+        }
+        let delay = shared.config.retry.ceiling(attempt).max(Duration::from_millis(100));
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = cancel.cancelled() => return false,
+        }
+        attempt = attempt.saturating_add(1);
+    }
+}
+
+async fn write<P: Processor>(
+    shared: &Arc<Shared<P>>,
+    dedup: &Dedup,
+    record: &Record,
+    key: &[u8],
+    now: i64,
+) -> Result<(), String> {
+    let part = dedup.store.partition(&record.topic, record.partition).map_err(|e| e.to_string())?;
+    part.record(key, now).map_err(|e| e.to_string())?;
+    if !dedup.config.changelog {
+        return Ok(());
+    }
+    ensure_changelog(shared, dedup).await?;
+    let out = OutputRecord::to(&dedup.changelog)
+        .partition(record.partition)
+        .key(key.to_vec())
+        .value(now.to_be_bytes().to_vec())
+        .header(SOURCE_TOPIC_HEADER, record.topic.as_bytes().to_vec());
+    let delivery = enqueue(&shared.handles.producer, &out).await.map_err(|e| e.to_string())?;
+    // The delivery report says where the entry landed: the local store is current up to there.
+    let (_, offset) = match delivery.await {
+        Ok(Ok(d)) => (d.partition, d.offset),
+        Ok(Err((e, _))) => return Err(format!("changelog write not acknowledged: {e}")),
+        Err(_) => return Err("producer closed before the changelog write was acknowledged".into()),
+    };
+    let part = dedup.store.partition(&record.topic, record.partition).map_err(|e| e.to_string())?;
+    part.set_changelog_position(offset + 1).map_err(|e| e.to_string())
+}
+
+/// Creates the compacted changelog topic once per run (partitions = the largest input topic's).
+async fn ensure_changelog<P: Processor>(shared: &Arc<Shared<P>>, dedup: &Dedup) -> Result<(), String> {
+    if dedup.changelog_ready.load(Relaxed) {
+        return Ok(());
+    }
+    let admin = shared.admin.clone();
+    let topics = shared.config.topics.clone();
+    let partitions = tokio::task::spawn_blocking(move || {
+        let mut most = 1;
+        for t in &topics {
+            let md = admin.inner().fetch_metadata(Some(t), Duration::from_secs(10)).map_err(|e| e.to_string())?;
+            most = most.max(md.topics().first().map_or(1, |t| t.partitions().len()));
+        }
+        Ok::<_, String>(most as i32)
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let new = NewTopic::new(&dedup.changelog, partitions, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for result in shared.admin.create_topics([&new], &opts).await.map_err(|e| e.to_string())? {
+        match result {
+            Ok(_) => tracing::info!(topic = %dedup.changelog, partitions, "created dedup changelog topic"),
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, e)) => return Err(format!("creating changelog topic {t}: {e}")),
+        }
+    }
+    dedup.changelog_ready.store(true, Relaxed);
+    Ok(())
+}
+
+/// Applies the changelog of `topic`/`partition` to the local store, from where the store left off to
+/// the changelog's end, within `restore_timeout`. Returns the entries applied.
+pub(crate) async fn restore<P: Processor>(shared: &Arc<Shared<P>>, topic: &str, partition: i32) -> usize {
+    let Some(dedup) = &shared.dedup else { return 0 };
+    if !dedup.config.changelog {
+        return 0;
+    }
+    if let Err(e) = ensure_changelog(shared, dedup).await {
+        tracing::warn!(topic, partition, error = %e, "dedup changelog unavailable; not restored");
+        return 0;
+    }
+    let shared2 = shared.clone();
+    let (topic2, started) = (topic.to_owned(), Instant::now());
+    let result = tokio::task::spawn_blocking(move || apply(&shared2, &topic2, partition)).await;
+    match result {
+        Ok(Ok((applied, complete))) => {
+            let secs = started.elapsed().as_secs_f64();
+            shared.stats.dedup_restored.fetch_add(applied as u64, Relaxed);
+            if applied > 0 || !complete {
+                tracing::info!(
+                    topic,
+                    partition,
+                    applied,
+                    complete,
+                    seconds = secs,
+                    rate = applied as f64 / secs.max(1e-9),
+                    "dedup store restored from the changelog"
+                );
+            }
+            if !complete {
+                tracing::warn!(topic, partition, "dedup restore timed out; duplicates of unrestored keys may run");
+            }
+            applied
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(topic, partition, error = %e, "dedup restore failed; continuing without it");
+            0
+        }
+        Err(e) => {
+            tracing::warn!(topic, partition, error = %e, "dedup restore panicked");
+            0
+        }
+    }
+}
+
+fn apply<P: Processor>(shared: &Shared<P>, topic: &str, partition: i32) -> Result<(usize, bool), String> {
+    let dedup = shared.dedup.as_ref().expect("checked by restore");
+    let part = dedup.store.partition(topic, partition).map_err(|e| e.to_string())?;
+    let from = part.changelog_position().map_err(|e| e.to_string())?;
+    let mut c = ClientConfig::new();
+    for (k, v) in &shared.config.kafka {
+        c.set(k, v);
+    }
+    c.set("bootstrap.servers", &shared.config.bootstrap_servers)
+        .set("group.id", format!("{}.restore", shared.config.group_id))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed");
+    let consumer: BaseConsumer = c.create().map_err(|e| e.to_string())?;
+    let (low, high) =
+        consumer.fetch_watermarks(&dedup.changelog, partition, Duration::from_secs(10)).map_err(|e| e.to_string())?;
+    let start = from.max(low);
+    if start >= high {
+        return Ok((0, true));
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&dedup.changelog, partition, Offset::Offset(start)).map_err(|e| e.to_string())?;
+    consumer.assign(&tpl).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + dedup.config.restore_timeout;
+    let mut applied = 0;
+    let mut next = start;
+    while next < high {
+        if Instant::now() > deadline {
+            part.set_changelog_position(next).map_err(|e| e.to_string())?;
+            return Ok((applied, false));
+        }
+        let Some(msg) = consumer.poll(Duration::from_millis(200)) else { continue };
+        let msg = msg.map_err(|e| e.to_string())?;
+        next = msg.offset() + 1;
+        let source = msg.headers().and_then(|h| h.iter().find(|x| x.key == SOURCE_TOPIC_HEADER).and_then(|x| x.value));
+        if source.is_some_and(|s| s != topic.as_bytes()) {
+            continue; // another input topic's key in the same changelog partition
+        }
+        if let (Some(key), Some(value)) = (msg.key(), msg.payload())
+            && let Ok(bytes) = <[u8; 8]>::try_from(value)
+        {
+            part.record(key, i64::from_be_bytes(bytes)).map_err(|e| e.to_string())?;
+            applied += 1;
+        }
+    }
+    part.set_changelog_position(next).map_err(|e| e.to_string())?;
+    Stats::bump(&shared.stats.dedup_restores);
+    Ok((applied, true))
+}
