@@ -287,8 +287,8 @@ fn run_raw(plan: &Plan, group: &str) -> anyhow::Result<Measurement> {
     Ok(Measurement { records, elapsed, first_record: first_record.unwrap_or_default(), cpu })
 }
 
-/// Millrace's side: does nothing with each record.
-struct Noop;
+/// Millrace's side: does nothing with each record (also the `dedup` benchmark's processor).
+pub(crate) struct Noop;
 
 impl Processor for Noop {
     async fn process(&self, record: &Record, _ctx: &Context) -> Result<(), ProcessError> {
@@ -356,17 +356,17 @@ async fn run_millrace(plan: &Plan, group: &str) -> anyhow::Result<(Measurement, 
 /// What the 2 ms checks of the Millrace side saw, to explain its throughput: how often backpressure
 /// had partitions paused, and how full the pipeline was.
 #[derive(Debug, Default)]
-struct Samples {
+pub(crate) struct Samples {
     taken: u64,
     paused: u64,
     /// Times a sample saw partitions paused after one that saw none.
-    pause_episodes: u64,
+    pub(crate) pause_episodes: u64,
     was_paused: bool,
     in_flight: u64,
 }
 
 impl Samples {
-    fn add(&mut self, s: &StatsSnapshot) {
+    pub(crate) fn add(&mut self, s: &StatsSnapshot) {
         if s.polled == 0 {
             return; // still joining the group
         }
@@ -378,11 +378,11 @@ impl Samples {
         self.in_flight += s.in_flight;
     }
 
-    fn paused_fraction(&self) -> f64 {
+    pub(crate) fn paused_fraction(&self) -> f64 {
         self.paused as f64 / self.taken.max(1) as f64
     }
 
-    fn mean_in_flight(&self) -> f64 {
+    pub(crate) fn mean_in_flight(&self) -> f64 {
         self.in_flight as f64 / self.taken.max(1) as f64
     }
 }
@@ -441,7 +441,7 @@ fn report(plan: &Plan, runs: &[(Side, Measurement)]) {
 }
 
 /// The 1, 5 and 15-minute load averages, for context on a shared machine ("?" where unavailable).
-fn load_average() -> String {
+pub(crate) fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))

@@ -1,4 +1,4 @@
-//! Benchmark fixtures on the broker: a fresh topic, its pre-loaded records, and the clean-up.
+//! Benchmark fixtures on the broker: fresh topics, their pre-loaded records, and the clean-up.
 
 use anyhow::{Context as _, bail};
 use rand::RngExt;
@@ -6,7 +6,7 @@ use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::DeliveryResult;
+use rdkafka::message::{DeliveryResult, Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -47,13 +47,21 @@ pub async fn create_topic(
 /// Deletes the topic and the consumer groups the runs used. Best effort: failures are only reported,
 /// so that a failed clean-up never hides the benchmark's result.
 pub async fn clean_up(admin: &AdminClient<DefaultClientContext>, topic: &str, groups: &[String]) {
-    match admin.delete_topics(&[topic], &options()).await {
-        Ok(results) => {
-            for (name, code) in results.into_iter().filter_map(Result::err) {
-                eprintln!("warning: deleting topic {name}: {code}");
+    clean_up_all(admin, &[topic.to_owned()], groups).await;
+}
+
+/// Deletes `topics` and `groups`, like [`clean_up`] (best effort, failures only reported).
+pub async fn clean_up_all(admin: &AdminClient<DefaultClientContext>, topics: &[String], groups: &[String]) {
+    if !topics.is_empty() {
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        match admin.delete_topics(&names, &options()).await {
+            Ok(results) => {
+                for (name, code) in results.into_iter().filter_map(Result::err) {
+                    eprintln!("warning: deleting topic {name}: {code}");
+                }
             }
+            Err(e) => eprintln!("warning: deleting topics {}: {e}", names.join(", ")),
         }
-        Err(e) => eprintln!("warning: deleting topic {topic}: {e}"),
     }
     if groups.is_empty() {
         return;
@@ -98,9 +106,31 @@ impl ProducerContext for LoadContext {
     }
 }
 
+/// One record as the loader should produce it.
+#[derive(Debug, Clone, Default)]
+pub struct Planned {
+    /// Index of its key, in `0..spec.keys` (the key is `key-<index>`).
+    pub key: u64,
+    /// A header to attach, as (name, value).
+    pub header: Option<(String, Vec<u8>)>,
+}
+
 /// Produces `spec.records` records to `topic` as fast as the broker takes them, and waits until every
 /// one is acknowledged. Blocking: call it off the async runtime. Returns how long it took.
 pub fn load(bootstrap: &str, topic: &str, spec: LoadSpec) -> anyhow::Result<Duration> {
+    let mut rng = rand::rng();
+    let keys = spec.keys.max(1);
+    load_planned(bootstrap, topic, spec, |_| Planned { key: rng.random_range(0..keys), header: None })
+}
+
+/// Like [`load`], but `plan(i)` says the key (and an optional header) of the `i`-th record, in the
+/// order produced. Blocking. Returns how long it took.
+pub fn load_planned(
+    bootstrap: &str,
+    topic: &str,
+    spec: LoadSpec,
+    mut plan: impl FnMut(u64) -> Planned,
+) -> anyhow::Result<Duration> {
     let producer: ThreadedProducer<LoadContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("acks", "1")
@@ -116,9 +146,13 @@ pub fn load(bootstrap: &str, topic: &str, spec: LoadSpec) -> anyhow::Result<Dura
     let mut rng = rand::rng();
     let value: Vec<u8> = (0..spec.value_size).map(|_| rng.random_range(b'a'..=b'z')).collect();
     let started = Instant::now();
-    for _ in 0..spec.records {
-        let key = &keys[rng.random_range(0..keys.len())];
+    for i in 0..spec.records {
+        let planned = plan(i);
+        let key = keys.get(planned.key as usize).context("a planned key index is out of range")?;
         let mut record = BaseRecord::to(topic).key(key.as_str()).payload(value.as_slice());
+        if let Some((name, header)) = &planned.header {
+            record = record.headers(OwnedHeaders::new().insert(Header { key: name, value: Some(header) }));
+        }
         loop {
             match producer.send(record) {
                 Ok(()) => break,

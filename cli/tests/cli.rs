@@ -4,8 +4,7 @@
 use millrace::OutputRecord;
 use millrace::dlq::{DlqErrorKind, Failure, dead_letter, headers};
 use millrace::record::{Header, Headers, Record};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use millrace_integration_tests::{bootstrap, unique};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers as _, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -14,32 +13,8 @@ use serde_json::Value;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-fn bootstrap() -> String {
-    std::env::var("KAFKA_BOOTSTRAP_SERVERS").ok().filter(|s| !s.trim().is_empty()).unwrap_or("127.0.0.1:9092".into())
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}-{:08x}", std::process::id(), rand::random::<u32>())
-}
-
 async fn create_topic(name: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", bootstrap()).create().expect("admin client");
-    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for result in admin.create_topics([&topic], &opts).await.expect("create topics") {
-        result.expect("topic created");
-    }
-    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap()).create().expect("consumer");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let md = consumer.fetch_metadata(Some(name), Duration::from_secs(5)).expect("metadata");
-        if md.topics().first().is_some_and(|t| t.error().is_none() && t.partitions().len() == partitions as usize) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "topic {name} not visible");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    millrace_integration_tests::create_topic(name, partitions).await.expect("topic created");
 }
 
 async fn produce(records: &[OutputRecord]) {
