@@ -32,22 +32,23 @@ impl Breaker {
         }
     }
 
-    /// Counts one finished record. Returns true if this tripped the breaker.
-    pub(crate) fn record(&self, dead_lettered: bool, stats: &Stats, name: &str) -> bool {
-        if !self.config.enabled {
+    /// Counts `n` finished records, all dead-lettered or all not. Returns true if this tripped the
+    /// breaker.
+    pub(crate) fn record(&self, n: u32, dead_lettered: bool, stats: &Stats, name: &str) -> bool {
+        if !self.config.enabled || n == 0 {
             return false;
         }
         let mut trip = None;
         if dead_lettered {
-            let run = self.consecutive.fetch_add(1, Relaxed) + 1;
-            self.dead.fetch_add(1, Relaxed);
+            let run = self.consecutive.fetch_add(n, Relaxed) + n;
+            self.dead.fetch_add(n, Relaxed);
             if run >= self.config.max_consecutive {
                 trip = Some(format!("{run} dead-lettered records in a row"));
             }
         } else if self.consecutive.load(Relaxed) != 0 {
             self.consecutive.store(0, Relaxed);
         }
-        let total = self.total.fetch_add(1, Relaxed) + 1;
+        let total = self.total.fetch_add(n, Relaxed) + n;
         if total >= self.config.window {
             let dead = self.dead.swap(0, Relaxed);
             self.total.store(0, Relaxed);
@@ -118,11 +119,11 @@ mod tests {
     #[test]
     fn trips_on_consecutive_dead_letters() {
         let (b, s) = (breaker(1000, 1.0, 3), Stats::default());
-        assert!(!b.record(true, &s, "t"));
-        assert!(!b.record(false, &s, "t"), "a success resets the run");
-        assert!(!b.record(true, &s, "t"));
-        assert!(!b.record(true, &s, "t"));
-        assert!(b.record(true, &s, "t"));
+        assert!(!b.record(1, true, &s, "t"));
+        assert!(!b.record(1, false, &s, "t"), "a success resets the run");
+        assert!(!b.record(1, true, &s, "t"));
+        assert!(!b.record(1, true, &s, "t"));
+        assert!(b.record(1, true, &s, "t"));
         assert!(b.is_open(&s, "t"));
         assert!(s.snapshot().breaker_open);
     }
@@ -131,10 +132,10 @@ mod tests {
     fn trips_on_share_of_a_window() {
         let (b, s) = (breaker(10, 0.5, 100), Stats::default());
         for i in 0..10 {
-            b.record(i % 3 == 0, &s, "t"); // 4 of 10
+            b.record(1, i % 3 == 0, &s, "t"); // 4 of 10
         }
         assert!(!b.is_open(&s, "t"));
-        let trips: Vec<bool> = (0..10).map(|i| b.record(i % 2 == 0 || i == 9, &s, "t")).collect(); // 6 of 10
+        let trips: Vec<bool> = (0..10).map(|i| b.record(1, i % 2 == 0 || i == 9, &s, "t")).collect(); // 6 of 10
         let tripped = trips.contains(&true);
         assert!(tripped && b.is_open(&s, "t"));
     }
@@ -144,9 +145,9 @@ mod tests {
         let s = Stats::default();
         let b =
             Breaker::new(CircuitBreakerConfig { cooldown: Duration::ZERO, max_consecutive: 1, ..Default::default() });
-        assert!(b.record(true, &s, "t"));
+        assert!(b.record(1, true, &s, "t"));
         assert!(!b.is_open(&s, "t"), "zero cool-down closes at once");
         let off = Breaker::new(CircuitBreakerConfig { enabled: false, max_consecutive: 1, ..Default::default() });
-        assert!(!off.record(true, &s, "t"));
+        assert!(!off.record(1, true, &s, "t"));
     }
 }

@@ -194,8 +194,30 @@ struct PartitionTask<P> {
     /// Present while a record of the lane runs; holds the lane's waiting records.
     lanes: FxHashMap<LaneId, VecDeque<Record>>,
     stopping: Option<Stopping>,
+    /// What each record's processing future holds; cloned per record, and local to this task, so the
+    /// clone does not bounce a shared counter between cores.
+    ctx: Arc<TaskCtx<P>>,
+    /// Counts not yet added to the shared statistics (added once per batch of work).
+    tally: Tally,
+}
+
+struct TaskCtx<P> {
+    shared: Arc<Shared<P>>,
+    epoch: u64,
     /// Cancelled on revoke, at the stop deadline and at shutdown: retries and DLQ produces give up.
     cancel: CancellationToken,
+}
+
+/// Outcomes and releases of one batch of work, added to the shared counters together.
+#[derive(Default)]
+struct Tally {
+    processed: u64,
+    dedup_hits: u64,
+    dead_lettered: u64,
+    failed: u64,
+    released: usize,
+    released_bytes: u64,
+    succeeded_for_breaker: u32,
 }
 
 /// Records being processed by a partition task, whatever the processor's future type.
@@ -205,6 +227,7 @@ impl<P: Processor> PartitionTask<P> {
     fn new(shared: Arc<Shared<P>>, handle: Arc<PartitionHandle>) -> Self {
         let ordering = shared.config.ordering;
         let cancel = shared.handles.shutdown.child_token();
+        let ctx = Arc::new(TaskCtx { shared: shared.clone(), epoch: handle.epoch, cancel });
         Self {
             shared,
             handle,
@@ -212,7 +235,8 @@ impl<P: Processor> PartitionTask<P> {
             tracker: OffsetTracker::new(),
             lanes: FxHashMap::default(),
             stopping: None,
-            cancel,
+            ctx,
+            tally: Tally::default(),
         }
     }
 
@@ -227,9 +251,10 @@ impl<P: Processor> PartitionTask<P> {
                     && let Some(done) = stop.done.take()
                 {
                     // The poll thread commits what is done now; nothing after this is read.
+                    self.flush_tally();
                     let _ = done.send(idle);
                     self.drop_queued();
-                    self.cancel.cancel();
+                    self.ctx.cancel.cancel();
                 }
                 if idle {
                     // Refuse further batches and release the ones that arrived after the stop.
@@ -241,6 +266,7 @@ impl<P: Processor> PartitionTask<P> {
                             }
                         }
                     }
+                    self.flush_tally();
                     return;
                 }
             }
@@ -259,7 +285,7 @@ impl<P: Processor> PartitionTask<P> {
                             // Revoke: the next owner redoes anything unfinished, so waiting retries and
                             // DLQ produces give up now; records inside the processor may still finish.
                             self.drop_queued();
-                            self.cancel.cancel();
+                            self.ctx.cancel.cancel();
                         }
                         self.stopping = Some(Stopping { deadline, done: Some(done) });
                     }
@@ -271,12 +297,14 @@ impl<P: Processor> PartitionTask<P> {
                     }
                 },
                 Some(finished) = running.next(), if !running.is_empty() => {
+                    self.shared.stats.running.fetch_sub(1, Relaxed);
                     if let Some(next) = self.finish(finished) {
                         self.launch(&mut running, next);
                     }
                 }
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()), if deadline.is_some() => {}
             }
+            self.flush_tally();
         }
     }
 
@@ -305,7 +333,11 @@ impl<P: Processor> PartitionTask<P> {
         loop {
             let mut processing = Box::pin(self.process(start));
             match (&mut processing).now_or_never() {
-                None => return running.push(processing),
+                None => {
+                    // It waits (I/O, a timer, the concurrency bound): counted as running until it ends.
+                    self.shared.stats.started();
+                    return running.push(processing);
+                }
                 Some(finished) => match self.finish(finished) {
                     Some(next) => start = next,
                     None => return,
@@ -317,19 +349,21 @@ impl<P: Processor> PartitionTask<P> {
     /// The processing future of one record: waits for a concurrency permit, then runs the retry loop.
     /// A record that fails for good is dead-lettered (when the DLQ is on) before it finishes.
     fn process(&self, (lane, record): (LaneId, Record)) -> impl Future<Output = Finished> + Send + use<P> {
-        let shared = self.shared.clone();
-        let epoch = self.handle.epoch;
-        let cancel = self.cancel.clone();
+        let ctx = self.ctx.clone();
         async move {
+            let TaskCtx { shared, epoch, cancel } = &*ctx;
+            let epoch = *epoch;
             let abandoned = |record: &Record| Finished {
                 lane,
                 offset: record.offset,
                 bytes: record.byte_len() as u64,
                 outcome: Outcome::Abandoned,
             };
-            tokio::select! {
-                _ = shared.breaker.closed(&shared.stats) => {}
-                _ = cancel.cancelled() => return abandoned(&record),
+            if shared.stats.breaker_open.load(Relaxed) != 0 {
+                tokio::select! {
+                    _ = shared.breaker.closed(&shared.stats) => {}
+                    _ = cancel.cancelled() => return abandoned(&record),
+                }
             }
             let dedup = shared.dedup.as_ref().and_then(|d| Some((d, d.config.key_of(&record)?)));
             let outcome = match dedup {
@@ -365,45 +399,44 @@ impl<P: Processor> PartitionTask<P> {
 
     /// Books a finished record and returns the next record of its lane, if it should start.
     fn finish(&mut self, f: Finished) -> Option<(LaneId, Record)> {
-        // Done or not for the circuit breaker; abandoned records say nothing about the records.
-        let dead = match f.outcome {
-            Outcome::Done | Outcome::Duplicate => Some(false),
-            Outcome::DeadLettered | Outcome::Failed(_) => Some(true),
-            Outcome::Abandoned => None,
-        };
-        match f.outcome {
+        let completes = match &f.outcome {
             Outcome::Done => {
-                Stats::bump(&self.shared.stats.processed);
-                if self.tracker.complete(f.offset) {
-                    self.publish();
-                }
+                self.tally.processed += 1;
+                true
             }
             Outcome::Duplicate => {
-                Stats::bump(&self.shared.stats.dedup_hits);
-                if self.tracker.complete(f.offset) {
-                    self.publish();
-                }
+                self.tally.dedup_hits += 1;
+                true
             }
             Outcome::DeadLettered => {
-                Stats::bump(&self.shared.stats.dead_lettered);
-                if self.tracker.complete(f.offset) {
-                    self.publish();
-                }
+                self.tally.dead_lettered += 1;
+                true
             }
             Outcome::Failed(failure) => {
-                Stats::bump(&self.shared.stats.failed);
+                self.tally.failed += 1;
                 tracing::error!(
                     pipeline = %self.shared.config.name, topic = %self.handle.topic, partition = self.handle.partition,
                     offset = f.offset, kind = %failure.kind, error = %failure.message,
                     "record failed (DLQ off); its offset will not be committed past"
                 );
+                false
+            }
+            Outcome::Abandoned => false,
+        };
+        if completes && self.tracker.complete(f.offset) {
+            self.publish();
+        }
+        // The circuit breaker counts successes in bulk, failures one by one (after the successes
+        // before them), so that its "in a row" count stays exact.
+        match f.outcome {
+            Outcome::Done | Outcome::Duplicate => self.tally.succeeded_for_breaker += 1,
+            Outcome::DeadLettered | Outcome::Failed(_) => {
+                self.flush_breaker();
+                if self.shared.breaker.record(1, true, &self.shared.stats, &self.shared.config.name) {
+                    self.shared.wake_poller();
+                }
             }
             Outcome::Abandoned => {}
-        }
-        if let Some(dead) = dead
-            && self.shared.breaker.record(dead, &self.shared.stats, &self.shared.config.name)
-        {
-            self.shared.wake_poller();
         }
         self.release(f.bytes);
         let next = self.lanes.get_mut(&f.lane).and_then(VecDeque::pop_front);
@@ -411,6 +444,40 @@ impl<P: Processor> PartitionTask<P> {
             self.lanes.remove(&f.lane);
         }
         next.map(|r| (f.lane, r))
+    }
+
+    fn flush_breaker(&mut self) {
+        let ok = std::mem::take(&mut self.tally.succeeded_for_breaker);
+        if ok > 0 {
+            self.shared.breaker.record(ok, false, &self.shared.stats, &self.shared.config.name);
+        }
+    }
+
+    /// Adds this batch's counts to the shared statistics and in-flight accounting, and wakes the poll
+    /// thread if it waits for room.
+    fn flush_tally(&mut self) {
+        self.flush_breaker();
+        let t = std::mem::take(&mut self.tally);
+        let s = &self.shared.stats;
+        for (counter, n) in [
+            (&s.processed, t.processed),
+            (&s.dedup_hits, t.dedup_hits),
+            (&s.dead_lettered, t.dead_lettered),
+            (&s.failed, t.failed),
+        ] {
+            if n > 0 {
+                counter.fetch_add(n, Relaxed);
+            }
+        }
+        if t.released == 0 {
+            return;
+        }
+        let left = self.handle.buffered.fetch_sub(t.released, Relaxed) - t.released;
+        s.sub_in_flight(t.released as u64, t.released_bytes);
+        if self.handle.is_paused() && left <= self.shared.config.bounds.max_in_flight_per_partition / 2 {
+            self.shared.resume_hint.store(true, Relaxed);
+        }
+        self.shared.wake_poller();
     }
 
     fn publish(&self) {
@@ -426,16 +493,13 @@ impl<P: Processor> PartitionTask<P> {
         for record in queued {
             self.release(record.byte_len() as u64);
         }
+        self.flush_tally();
     }
 
-    /// One record left the partition (finished or dropped).
-    fn release(&self, bytes: u64) {
-        let left = self.handle.buffered.fetch_sub(1, Relaxed) - 1;
-        self.shared.stats.sub_in_flight(1, bytes);
-        if self.handle.is_paused() && left <= self.shared.config.bounds.max_in_flight_per_partition / 2 {
-            self.shared.resume_hint.store(true, Relaxed);
-        }
-        self.shared.wake_poller();
+    /// One record left the partition (finished or dropped); booked at the next [`Self::flush_tally`].
+    fn release(&mut self, bytes: u64) {
+        self.tally.released += 1;
+        self.tally.released_bytes += bytes;
     }
 }
 
@@ -449,9 +513,7 @@ async fn run<P: Processor>(
     cancel: &CancellationToken,
 ) -> Outcome {
     let Ok(_permit) = shared.concurrency.acquire().await else { return Outcome::Abandoned };
-    shared.stats.started();
     let result = attempt_until_done(shared, epoch, record, idempotency_key, cancel).await;
-    shared.stats.running.fetch_sub(1, Relaxed);
     match result {
         Ok(outcome) => outcome,
         Err(failure) if shared.config.dlq.enabled => dead_letter(shared, record, &failure, cancel).await,
