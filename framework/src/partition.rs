@@ -367,7 +367,7 @@ impl<P: Processor> PartitionTask<P> {
             }
             let dedup = shared.dedup.as_ref().and_then(|d| Some((d, d.config.key_of(&record)?)));
             let outcome = match dedup {
-                None => run(&shared, epoch, &record, None, &cancel).await,
+                None => run(shared, epoch, &record, None, cancel).await,
                 Some((dedup, key)) => {
                     // Never two records with the same idempotency key at once.
                     let _held = tokio::select! {
@@ -381,9 +381,9 @@ impl<P: Processor> PartitionTask<P> {
                             if let Err(e) = seen {
                                 shared.log.warn("dedup lookup failed; processing the record", &e.to_string());
                             }
-                            match run(&shared, epoch, &record, Some(&key), &cancel).await {
+                            match run(shared, epoch, &record, Some(&key), cancel).await {
                                 Outcome::Done
-                                    if !dedup_changelog::record(&shared, dedup, &record, &key, &cancel).await =>
+                                    if !dedup_changelog::record(shared, dedup, &record, &key, cancel).await =>
                                 {
                                     Outcome::Abandoned
                                 }
