@@ -6,10 +6,10 @@
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use millrace::dlq::DlqInfo;
-use millrace::record::{Header, Headers};
+use millrace::record::Headers;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Headers as _};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,14 +40,7 @@ pub struct DlqRecord {
 
 impl DlqRecord {
     fn from_message(msg: &BorrowedMessage<'_>) -> Self {
-        let headers = msg
-            .headers()
-            .map(|hs| {
-                Headers(
-                    hs.iter().map(|h| Header { name: h.key.to_owned(), value: h.value.map(<[u8]>::to_vec) }).collect(),
-                )
-            })
-            .unwrap_or_default();
+        let headers = Headers::of_message(msg);
         DlqRecord {
             partition: msg.partition(),
             offset: msg.offset(),

@@ -50,6 +50,17 @@ impl Headers {
         self.0.is_empty()
     }
 
+    /// Copies the headers of a consumed message.
+    pub fn of_message(msg: &impl Message) -> Self {
+        msg.headers()
+            .map(|hs| {
+                Headers(
+                    hs.iter().map(|h| Header { name: h.key.to_owned(), value: h.value.map(<[u8]>::to_vec) }).collect(),
+                )
+            })
+            .unwrap_or_default()
+    }
+
     fn byte_len(&self) -> usize {
         self.0.iter().map(|h| h.name.len() + h.value.as_ref().map_or(0, Vec::len)).sum()
     }
@@ -77,14 +88,7 @@ pub struct Record {
 impl Record {
     /// Copies a polled message out of the consumer's buffers.
     pub(crate) fn from_message(msg: &BorrowedMessage<'_>, topic: Arc<str>) -> Self {
-        let headers = msg
-            .headers()
-            .map(|hs| {
-                Headers(
-                    hs.iter().map(|h| Header { name: h.key.to_owned(), value: h.value.map(<[u8]>::to_vec) }).collect(),
-                )
-            })
-            .unwrap_or_default();
+        let headers = Headers::of_message(msg);
         Record {
             topic,
             partition: msg.partition(),

@@ -298,7 +298,6 @@ pub struct ReadRecord {
 /// A missing topic reads as empty.
 pub fn read_topic(topic: &str) -> Result<Vec<ReadRecord>> {
     use rdkafka::Message;
-    use rdkafka::message::Headers as _;
     // librdkafka's assign() needs a group id even though nothing is committed.
     let consumer = plain_consumer(Some(&unique("reader")))?;
     let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
@@ -325,18 +324,7 @@ pub fn read_topic(topic: &str) -> Result<Vec<ReadRecord>> {
             continue;
         }
         remaining -= 1;
-        let headers = millrace::record::Headers(
-            msg.headers()
-                .map(|hs| {
-                    hs.iter()
-                        .map(|h| millrace::record::Header {
-                            name: h.key.to_owned(),
-                            value: h.value.map(<[u8]>::to_vec),
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
-        );
+        let headers = millrace::record::Headers::of_message(&msg);
         out.push(ReadRecord {
             partition: msg.partition(),
             offset: msg.offset(),
