@@ -91,7 +91,7 @@ pub struct CoreArgs {
     run_timeout_secs: u64,
 }
 
-fn parse_property(s: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_property(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.trim().to_owned())),
         _ => Err(format!("{s:?} is not KEY=VALUE")),

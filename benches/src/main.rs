@@ -16,12 +16,16 @@
 //!
 //! # Benchmarks
 //! - `core`: consume-and-acknowledge throughput with a no-op processor; see [`core_bench`].
+//! - `dedup`: the dedup store's cost (dedup on against off, with 0% and 10% duplicate idempotency
+//!   keys) and the rate at which a partition's keys are restored from the changelog; see
+//!   [`dedup_bench`].
 //!
-//! Run with `cargo run -p millrace-benches -- core` (the `dev` profile is optimised); `--quick` is a
-//! smoke run small enough for CI. The brokers are taken from `KAFKA_BOOTSTRAP_SERVERS`
+//! Run with `cargo run -p millrace-benches -- core` or `-- dedup` (the `dev` profile is optimised);
+//! `--quick` is a smoke run small enough for CI. The brokers are taken from `KAFKA_BOOTSTRAP_SERVERS`
 //! (default `127.0.0.1:9092`); set `RUST_LOG` to see the clients' logs.
 
 mod core_bench;
+mod dedup_bench;
 mod kafka;
 mod measure;
 
@@ -41,6 +45,9 @@ enum Command {
     /// Consume-and-acknowledge throughput with a no-op processor: Millrace (Key ordering, default
     /// bounds) against a raw rdkafka `BaseConsumer` storing each offset.
     Core(core_bench::CoreArgs),
+    /// The dedup store's cost: Millrace (Key ordering, no-op processor) with dedup on against off, on
+    /// topics with 0% and 10% duplicate idempotency keys, and the restore rate from the changelog.
+    Dedup(dedup_bench::DedupArgs),
 }
 
 #[tokio::main]
@@ -51,5 +58,6 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Core(args) => core_bench::run(args).await,
+        Command::Dedup(args) => dedup_bench::run(args).await,
     }
 }

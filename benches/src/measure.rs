@@ -1,4 +1,5 @@
-//! Measuring one run (wall clock and process CPU time) and summarising several.
+//! Measuring one run (wall clock and process CPU time; the machine's and another process's CPU time
+//! where `/proc` has them) and summarising several.
 
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,41 @@ pub fn process_cpu() -> Duration {
     };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1_000);
     tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// Clock ticks per second of `/proc`'s CPU times (`USER_HZ`).
+#[allow(unsafe_code)] // sysconf has no safe wrapper in std or libc
+fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf reads a configuration value; it has no memory-safety preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
+fn ticks(n: u64) -> Duration {
+    Duration::from_secs_f64(n as f64 / clock_ticks_per_second())
+}
+
+/// CPU time of the whole machine so far, all CPUs summed, as (busy, total), from `/proc/stat`
+/// (busy is everything but idle and I/O wait). `None` where unavailable (not Linux).
+pub fn machine_cpu() -> Option<(Duration, Duration)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> =
+        stat.lines().next()?.strip_prefix("cpu ")?.split_whitespace().map(|f| f.parse().unwrap_or(0)).collect();
+    // user nice system idle iowait irq softirq steal (guest time is already included in user)
+    let total: u64 = fields.iter().take(8).sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    Some((ticks(total.saturating_sub(idle)), ticks(total)))
+}
+
+/// CPU time (user + system, all threads) used so far by another process of this machine, from
+/// `/proc/<pid>/stat`. `None` if there is no such process (or no `/proc`).
+pub fn other_process_cpu(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: the fields that follow start after the last ')'.
+    let after_name: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // Fields 14 (utime) and 15 (stime) of proc(5); `after_name` starts at field 3.
+    let (utime, stime): (u64, u64) = (after_name.get(11)?.parse().ok()?, after_name.get(12)?.parse().ok()?);
+    Some(ticks(utime + stime))
 }
 
 /// A stopwatch over both wall clock and process CPU time.
@@ -105,6 +141,14 @@ mod tests {
         assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
         assert_eq!(Summary::of([4.0, 1.0, 2.0, 3.0]).unwrap().median, 2.5);
         assert!(Summary::of([]).is_none());
+    }
+
+    #[test]
+    fn reads_this_process_and_the_machine_from_proc() {
+        let (busy, total) = machine_cpu().expect("/proc/stat on Linux");
+        assert!(busy <= total && total > Duration::ZERO);
+        assert!(other_process_cpu(std::process::id()).is_some());
+        assert!(other_process_cpu(u32::MAX).is_none());
     }
 
     #[test]
