@@ -15,8 +15,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers as _, Message};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -30,9 +31,51 @@ pub(crate) struct Dedup {
     pub(crate) in_flight: Arc<InFlightKeys>,
     pub(crate) changelog: String,
     changelog_ready: AtomicBool,
+    /// Per topic-partition: the next changelog offset known to be applied locally, and how many
+    /// writes happened since it was last saved. Saved every [`SAVE_POSITION_EVERY`] writes and when
+    /// the partition stops: a stale saved position only makes a restore re-apply entries, which is
+    /// harmless.
+    positions: Mutex<HashMap<(String, i32), (i64, u32)>>,
 }
 
+/// Changelog writes between two saves of the changelog position.
+const SAVE_POSITION_EVERY: u32 = 1_000;
+
 impl Dedup {
+    /// Notes that the changelog of `topic`/`partition` is applied up to `next`; saves it now and
+    /// then.
+    fn note_position(&self, topic: &str, partition: i32, next: i64) -> Result<(), String> {
+        let save = {
+            let mut positions = self.positions.lock().unwrap_or_else(|p| p.into_inner());
+            let (pos, unsaved) = positions.entry((topic.to_owned(), partition)).or_insert((0, 0));
+            *pos = (*pos).max(next);
+            *unsaved += 1;
+            (*unsaved >= SAVE_POSITION_EVERY).then(|| {
+                *unsaved = 0;
+                *pos
+            })
+        };
+        match save {
+            Some(next) => self.save_position(topic, partition, next),
+            None => Ok(()),
+        }
+    }
+
+    fn save_position(&self, topic: &str, partition: i32, next: i64) -> Result<(), String> {
+        self.store.partition(topic, partition).and_then(|p| p.set_changelog_position(next)).map_err(|e| e.to_string())
+    }
+
+    /// Saves the partition's changelog position (when the partition stops).
+    pub(crate) fn save_position_of(&self, topic: &str, partition: i32) {
+        let pending = self.positions.lock().unwrap_or_else(|p| p.into_inner()).remove(&(topic.to_owned(), partition));
+        if let Some((next, unsaved)) = pending
+            && unsaved > 0
+            && let Err(e) = self.save_position(topic, partition, next)
+        {
+            tracing::warn!(topic, partition, error = %e, "saving the dedup changelog position failed");
+        }
+    }
+
     pub(crate) fn open(config: DedupConfig, group: &str) -> Result<Self, crate::dedup_store::DedupError> {
         let store = DedupStore::open(&config.dir, config.ttl, config.sync_writes)?;
         Ok(Self {
@@ -41,6 +84,7 @@ impl Dedup {
             store,
             in_flight: Arc::default(),
             changelog_ready: AtomicBool::new(false),
+            positions: Mutex::default(),
         })
     }
 }
@@ -77,8 +121,11 @@ async fn write<P: Processor>(
     key: &[u8],
     now: i64,
 ) -> Result<(), String> {
-    let part = dedup.store.partition(&record.topic, record.partition).map_err(|e| e.to_string())?;
-    part.record(key, now).map_err(|e| e.to_string())?;
+    dedup
+        .store
+        .partition(&record.topic, record.partition)
+        .and_then(|part| part.record(key, now))
+        .map_err(|e| e.to_string())?;
     if !dedup.config.changelog {
         return Ok(());
     }
@@ -90,13 +137,12 @@ async fn write<P: Processor>(
         .header(SOURCE_TOPIC_HEADER, record.topic.as_bytes().to_vec());
     let delivery = enqueue(&shared.handles.producer, &out).await.map_err(|e| e.to_string())?;
     // The delivery report says where the entry landed: the local store is current up to there.
-    let (_, offset) = match delivery.await {
-        Ok(Ok(d)) => (d.partition, d.offset),
+    let offset = match delivery.await {
+        Ok(Ok(d)) => d.offset,
         Ok(Err((e, _))) => return Err(format!("changelog write not acknowledged: {e}")),
         Err(_) => return Err("producer closed before the changelog write was acknowledged".into()),
     };
-    let part = dedup.store.partition(&record.topic, record.partition).map_err(|e| e.to_string())?;
-    part.set_changelog_position(offset + 1).map_err(|e| e.to_string())
+    dedup.note_position(&record.topic, record.partition, offset + 1)
 }
 
 /// Creates the compacted changelog topic once per run (partitions = the largest input topic's).
@@ -140,41 +186,56 @@ pub(crate) async fn restore<P: Processor>(shared: &Arc<Shared<P>>, topic: &str, 
         tracing::warn!(topic, partition, error = %e, "dedup changelog unavailable; not restored");
         return 0;
     }
-    let shared2 = shared.clone();
-    let (topic2, started) = (topic.to_owned(), Instant::now());
-    let result = tokio::task::spawn_blocking(move || apply(&shared2, &topic2, partition)).await;
-    match result {
-        Ok(Ok((applied, complete))) => {
-            let secs = started.elapsed().as_secs_f64();
-            shared.stats.dedup_restored.fetch_add(applied as u64, Relaxed);
-            if applied > 0 || !complete {
-                tracing::info!(
-                    topic,
-                    partition,
-                    applied,
-                    complete,
-                    seconds = secs,
-                    rate = applied as f64 / secs.max(1e-9),
-                    "dedup store restored from the changelog"
-                );
+    let started = Instant::now();
+    let deadline = started + dedup.config.restore_timeout;
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let (shared2, topic2) = (shared.clone(), topic.to_owned());
+        let result = tokio::task::spawn_blocking(move || apply(&shared2, &topic2, partition, deadline))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+        match result {
+            Ok((applied, complete)) => {
+                let secs = started.elapsed().as_secs_f64();
+                shared.stats.dedup_restored.fetch_add(applied as u64, Relaxed);
+                Stats::bump(&shared.stats.dedup_restores);
+                if applied > 0 || !complete {
+                    tracing::info!(
+                        topic,
+                        partition,
+                        applied,
+                        complete,
+                        seconds = secs,
+                        rate = applied as f64 / secs.max(1e-9),
+                        "dedup store restored from the changelog"
+                    );
+                }
+                if !complete {
+                    tracing::warn!(topic, partition, "dedup restore timed out; duplicates of unrestored keys may run");
+                }
+                return applied;
             }
-            if !complete {
-                tracing::warn!(topic, partition, "dedup restore timed out; duplicates of unrestored keys may run");
+            // A new changelog partition may have no leader yet, a leader may be moving: retry.
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!(topic, partition, attempt, error = %e, "dedup restore failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt.min(20)))).await;
             }
-            applied
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(topic, partition, error = %e, "dedup restore failed; continuing without it");
-            0
-        }
-        Err(e) => {
-            tracing::warn!(topic, partition, error = %e, "dedup restore panicked");
-            0
+            Err(e) => {
+                tracing::warn!(topic, partition, error = %e, "dedup restore failed until its deadline; continuing without it");
+                return 0;
+            }
         }
     }
 }
 
-fn apply<P: Processor>(shared: &Shared<P>, topic: &str, partition: i32) -> Result<(usize, bool), String> {
+fn apply<P: Processor>(
+    shared: &Shared<P>,
+    topic: &str,
+    partition: i32,
+    deadline: Instant,
+) -> Result<(usize, bool), String> {
     let dedup = shared.dedup.as_ref().expect("checked by restore");
     let part = dedup.store.partition(topic, partition).map_err(|e| e.to_string())?;
     let from = part.changelog_position().map_err(|e| e.to_string())?;
@@ -196,7 +257,6 @@ fn apply<P: Processor>(shared: &Shared<P>, topic: &str, partition: i32) -> Resul
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&dedup.changelog, partition, Offset::Offset(start)).map_err(|e| e.to_string())?;
     consumer.assign(&tpl).map_err(|e| e.to_string())?;
-    let deadline = Instant::now() + dedup.config.restore_timeout;
     let mut applied = 0;
     let mut next = start;
     while next < high {
@@ -219,6 +279,5 @@ fn apply<P: Processor>(shared: &Shared<P>, topic: &str, partition: i32) -> Resul
         }
     }
     part.set_changelog_position(next).map_err(|e| e.to_string())?;
-    Stats::bump(&shared.stats.dedup_restores);
     Ok((applied, true))
 }

@@ -267,6 +267,9 @@ impl<P: Processor> PartitionTask<P> {
                         }
                     }
                     self.flush_tally();
+                    if let Some(dedup) = &self.shared.dedup {
+                        dedup.save_position_of(&self.handle.topic, self.handle.partition);
+                    }
                     return;
                 }
             }
