@@ -132,7 +132,11 @@ impl InFlightKeys {
     /// Waits until no other record with `key` is in flight and holds the key until the guard drops.
     pub(crate) async fn hold(self: &Arc<Self>, key: &[u8]) -> KeyGuard {
         let lock = self.keys.lock().unwrap_or_else(|p| p.into_inner()).entry(key.to_vec()).or_default().clone();
-        let guard = lock.clone().lock_owned().await;
+        // try_lock first: an uncontended `lock_owned().await` still spends Tokio's cooperative budget.
+        let guard = match lock.clone().try_lock_owned() {
+            Ok(guard) => guard,
+            Err(_) => lock.clone().lock_owned().await,
+        };
         KeyGuard { owner: self.clone(), key: key.to_vec(), lock, _guard: Some(guard) }
     }
 }
