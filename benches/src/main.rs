@@ -19,15 +19,25 @@
 //! - `dedup`: the dedup store's cost (dedup on against off, with 0% and 10% duplicate idempotency
 //!   keys) and the rate at which a partition's keys are restored from the changelog; see
 //!   [`dedup_bench`].
+//! - `slow`: a processor sleeping 0-5 ms on one partition, in partition, key (1 to 10,000 keys) and
+//!   unordered order with 100 permits, against the ideal that the concurrency bound allows; see
+//!   [`slow_bench`].
+//! - `memory`: the peak resident memory of a process draining a 5,000,000-record backlog with
+//!   default bounds, measured in a child process; see [`memory_bench`].
 //!
-//! Run with `cargo run -p millrace-benches -- core` or `-- dedup` (the `dev` profile is optimised);
-//! `--quick` is a smoke run small enough for CI. The brokers are taken from `KAFKA_BOOTSTRAP_SERVERS`
-//! (default `127.0.0.1:9092`); set `RUST_LOG` to see the clients' logs.
+//! `slow` and `memory` have no baseline: `slow` compares its configurations (run round-robin, the
+//! same way) with an ideal computed from the sleeps it recorded, `memory` reports an absolute peak.
+//!
+//! Run with `cargo run -p millrace-benches -- core` (or `dedup`, `slow`, `memory`; the `dev` profile
+//! is optimised); `--quick` is a smoke run small enough for CI. The brokers are taken from
+//! `KAFKA_BOOTSTRAP_SERVERS` (default `127.0.0.1:9092`); set `RUST_LOG` to see the clients' logs.
 
 mod core_bench;
 mod dedup_bench;
 mod kafka;
 mod measure;
+mod memory_bench;
+mod slow_bench;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -48,6 +58,15 @@ enum Command {
     /// The dedup store's cost: Millrace (Key ordering, no-op processor) with dedup on against off, on
     /// topics with 0% and 10% duplicate idempotency keys, and the restore rate from the changelog.
     Dedup(dedup_bench::DedupArgs),
+    /// A processor sleeping 0-5 ms on one partition, in partition, key and unordered order with
+    /// max_concurrency 100: throughput against the ideal (sum of the sleeps / 100).
+    Slow(slow_bench::SlowArgs),
+    /// Peak resident memory of a pipeline (default bounds, no-op processor) draining a large backlog,
+    /// run in a child process.
+    Memory(memory_bench::MemoryArgs),
+    /// The child process of `memory` (internal).
+    #[command(hide = true)]
+    MemoryChild(memory_bench::MemoryChildArgs),
 }
 
 #[tokio::main]
@@ -59,5 +78,8 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Core(args) => core_bench::run(args).await,
         Command::Dedup(args) => dedup_bench::run(args).await,
+        Command::Slow(args) => slow_bench::run(args).await,
+        Command::Memory(args) => memory_bench::run(args).await,
+        Command::MemoryChild(args) => memory_bench::run_child(args).await,
     }
 }

@@ -1,5 +1,5 @@
-//! Measuring one run (wall clock and process CPU time; the machine's and another process's CPU time
-//! where `/proc` has them) and summarising several.
+//! Measuring one run (wall clock and process CPU time; the machine's and another process's CPU time,
+//! and processes' resident memory, where `/proc` has them) and summarising several.
 
 use std::time::{Duration, Instant};
 
@@ -50,6 +50,28 @@ pub fn other_process_cpu(pid: u32) -> Option<Duration> {
     // Fields 14 (utime) and 15 (stime) of proc(5); `after_name` starts at field 3.
     let (utime, stime): (u64, u64) = (after_name.get(11)?.parse().ok()?, after_name.get(12)?.parse().ok()?);
     Some(ticks(utime + stime))
+}
+
+/// A memory field of `/proc/<pid>/status` (`/proc/self/status` for `None`) in KiB, e.g. `VmHWM`
+/// (peak resident set size) or `VmRSS`. `None` if the process or the field does not exist (a
+/// zombie has no `Vm` fields; not Linux).
+pub fn proc_status_kib(pid: Option<u32>, field: &str) -> Option<u64> {
+    let path = pid.map_or_else(|| "/proc/self/status".to_owned(), |pid| format!("/proc/{pid}/status"));
+    let status = std::fs::read_to_string(path).ok()?;
+    status.lines().find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))?.split_whitespace().next()?.parse().ok()
+}
+
+/// The peak resident set size, in KiB, of the largest child process waited for so far
+/// (`getrusage(RUSAGE_CHILDREN).ru_maxrss`, which Linux reports in KiB).
+#[allow(unsafe_code)] // getrusage has no safe wrapper in std or libc
+pub fn children_max_rss_kib() -> u64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: as in `process_cpu`: `usage` is valid for writes of one `rusage` and zero-initialised.
+    let usage = unsafe {
+        libc::getrusage(libc::RUSAGE_CHILDREN, usage.as_mut_ptr());
+        usage.assume_init()
+    };
+    usage.ru_maxrss.max(0) as u64
 }
 
 /// A stopwatch over both wall clock and process CPU time.
@@ -149,6 +171,12 @@ mod tests {
         assert!(busy <= total && total > Duration::ZERO);
         assert!(other_process_cpu(std::process::id()).is_some());
         assert!(other_process_cpu(u32::MAX).is_none());
+        // RSS first: the high-water mark read after it cannot be below it (other tests allocate meanwhile).
+        let rss = proc_status_kib(None, "VmRSS").unwrap();
+        let hwm = proc_status_kib(None, "VmHWM").unwrap();
+        assert!(hwm >= rss && rss > 0);
+        assert_eq!(proc_status_kib(Some(std::process::id()), "VmHWM").map(|h| h >= rss), Some(true));
+        assert!(proc_status_kib(None, "NoSuchField").is_none());
     }
 
     #[test]
