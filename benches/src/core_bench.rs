@@ -35,7 +35,7 @@
 //! `--max-in-flight-per-partition` and `--max-in-flight-total` change Millrace's bounds, e.g. to
 //! take backpressure out of the picture. The canonical figures are those of the defaults.
 
-use crate::kafka::{self, LoadSpec};
+use crate::kafka::{self, LoadSpec, TopicArgs};
 use crate::measure::{Measurement, Stopwatch, Summary};
 use anyhow::{Context as _, bail};
 use millrace::{Bounds, Context, Ordering, Pipeline, PipelineConfig, ProcessError, Processor, Record, StatsSnapshot};
@@ -53,27 +53,11 @@ const SETTLE: Duration = Duration::from_millis(500);
 /// Options of the `core` benchmark.
 #[derive(Debug, clap::Args)]
 pub struct CoreArgs {
-    /// Records pre-loaded and consumed by every run [default: 1000000, 100000 with --quick].
-    #[arg(long)]
-    records: Option<u64>,
-    /// Bytes per record value.
-    #[arg(long, default_value_t = 100)]
-    value_size: usize,
-    /// Number of distinct keys, drawn uniformly.
-    #[arg(long, default_value_t = 10_000)]
-    keys: u64,
-    /// Partitions of the benchmark topic.
-    #[arg(long, default_value_t = 4)]
-    partitions: i32,
+    #[command(flatten)]
+    topic: TopicArgs,
     /// Interleaved (raw, millrace) pairs of runs [default: 3, 1 with --quick].
     #[arg(long)]
     pairs: Option<usize>,
-    /// A smoke run for CI: 100000 records and one pair, unless --records or --pairs say otherwise.
-    #[arg(long)]
-    quick: bool,
-    /// Brokers; defaults to KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092.
-    #[arg(long)]
-    bootstrap: Option<String>,
     /// A consumer property for both sides, as KEY=VALUE (repeatable), e.g. fetch.queue.backoff.ms=10.
     #[arg(long = "consumer-property", value_name = "KEY=VALUE", value_parser = parse_property)]
     consumer_properties: Vec<(String, String)>,
@@ -138,17 +122,12 @@ impl Plan {
 
 /// Runs the `core` benchmark and prints its report.
 pub async fn run(args: CoreArgs) -> anyhow::Result<()> {
-    let default_records = if args.quick { QUICK_RECORDS } else { 1_000_000 };
     let plan = Plan {
-        bootstrap: args.bootstrap.unwrap_or_else(PipelineConfig::bootstrap_from_env),
+        bootstrap: args.topic.bootstrap(),
         topic: kafka::unique_name("millrace-bench-core"),
-        partitions: args.partitions,
-        load: LoadSpec {
-            records: args.records.unwrap_or(default_records),
-            value_size: args.value_size,
-            keys: args.keys,
-        },
-        pairs: args.pairs.unwrap_or(if args.quick { 1 } else { 3 }),
+        partitions: args.topic.partitions,
+        load: args.topic.load(1_000_000, QUICK_RECORDS),
+        pairs: args.pairs.unwrap_or(if args.topic.quick { 1 } else { 3 }),
         consumer_properties: args.consumer_properties,
         bounds: {
             let default = Bounds::default();

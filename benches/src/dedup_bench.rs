@@ -57,7 +57,7 @@
 //! system. The canonical figures are those of the defaults.
 
 use crate::core_bench::{Noop, Samples, load_average, parse_property};
-use crate::kafka::{self, LoadSpec, Planned};
+use crate::kafka::{self, LoadSpec, Planned, TopicArgs};
 use crate::measure::{Measurement, Stopwatch, Summary, machine_cpu, other_process_cpu};
 use anyhow::{Context as _, bail};
 use millrace::dedup::changelog_topic;
@@ -80,28 +80,11 @@ const TARGET_RATIO: f64 = 0.85;
 /// Options of the `dedup` benchmark.
 #[derive(Debug, clap::Args)]
 pub struct DedupArgs {
-    /// Records pre-loaded into each workload's topic and consumed by every run [default: 500000,
-    /// 50000 with --quick].
-    #[arg(long)]
-    records: Option<u64>,
-    /// Bytes per record value.
-    #[arg(long, default_value_t = 100)]
-    value_size: usize,
-    /// Number of distinct Kafka keys, drawn uniformly.
-    #[arg(long, default_value_t = 10_000)]
-    keys: u64,
-    /// Partitions of the benchmark topics.
-    #[arg(long, default_value_t = 4)]
-    partitions: i32,
+    #[command(flatten)]
+    topic: TopicArgs,
     /// Interleaved (nodedup, dedup) pairs per workload [default: 3, 1 with --quick].
     #[arg(long)]
     pairs: Option<usize>,
-    /// A smoke run: 50000 records and one pair, unless --records or --pairs say otherwise.
-    #[arg(long)]
-    quick: bool,
-    /// Brokers; defaults to KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092.
-    #[arg(long)]
-    bootstrap: Option<String>,
     /// Run one side only (for profiling it); no ratio is reported.
     #[arg(long, value_enum)]
     only: Option<Side>,
@@ -291,7 +274,6 @@ struct Results {
 
 /// Runs the `dedup` benchmark and prints its report.
 pub async fn run(args: DedupArgs) -> anyhow::Result<()> {
-    let default_records = if args.quick { QUICK_RECORDS } else { 500_000 };
     let workloads = args.workload.map_or_else(|| vec![Workload::Unique, Workload::Duplicates], |w| vec![w]);
     let tag = |w: Workload| match w {
         Workload::Unique => "0pct",
@@ -299,18 +281,14 @@ pub async fn run(args: DedupArgs) -> anyhow::Result<()> {
     };
     let sides = args.only.map_or_else(|| vec![Side::Nodedup, Side::Dedup], |side| vec![side]);
     let plan = Plan {
-        bootstrap: args.bootstrap.unwrap_or_else(PipelineConfig::bootstrap_from_env),
+        bootstrap: args.topic.bootstrap(),
         topics: workloads
             .iter()
             .map(|&w| (w, kafka::unique_name(&format!("millrace-bench-dedup-{}", tag(w)))))
             .collect(),
-        partitions: args.partitions,
-        load: LoadSpec {
-            records: args.records.unwrap_or(default_records),
-            value_size: args.value_size,
-            keys: args.keys,
-        },
-        pairs: args.pairs.unwrap_or(if args.quick { 1 } else { 3 }),
+        partitions: args.topic.partitions,
+        load: args.topic.load(500_000, QUICK_RECORDS),
+        pairs: args.pairs.unwrap_or(if args.topic.quick { 1 } else { 3 }),
         restore: !args.no_restore
             && !args.no_changelog
             && sides.contains(&Side::Dedup)

@@ -171,3 +171,42 @@ pub fn load_planned(
     }
     Ok(started.elapsed())
 }
+
+/// The pre-loaded topic a benchmark drains: options shared by `core`, `dedup` and `memory`.
+#[derive(Debug, clap::Args)]
+pub struct TopicArgs {
+    /// Records pre-loaded and consumed by every run [default: the benchmark's; fewer with --quick].
+    #[arg(long)]
+    pub records: Option<u64>,
+    /// Bytes per record value.
+    #[arg(long, default_value_t = 100)]
+    pub value_size: usize,
+    /// Number of distinct keys, drawn uniformly.
+    #[arg(long, default_value_t = 10_000)]
+    pub keys: u64,
+    /// Partitions of the benchmark topic.
+    #[arg(long, default_value_t = 4)]
+    pub partitions: i32,
+    /// A smoke run: fewer records and a single pair, unless --records or --pairs say otherwise.
+    #[arg(long)]
+    pub quick: bool,
+    /// Brokers; defaults to KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092.
+    #[arg(long)]
+    pub bootstrap: Option<String>,
+}
+
+impl TopicArgs {
+    /// The brokers to use.
+    pub fn bootstrap(&self) -> String {
+        self.bootstrap.clone().unwrap_or_else(millrace::PipelineConfig::bootstrap_from_env)
+    }
+
+    /// What to load: `--records`, else `full` (or `quick` with `--quick`).
+    pub fn load(&self, full: u64, quick: u64) -> LoadSpec {
+        LoadSpec {
+            records: self.records.unwrap_or(if self.quick { quick } else { full }),
+            value_size: self.value_size,
+            keys: self.keys,
+        }
+    }
+}

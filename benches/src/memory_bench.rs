@@ -38,7 +38,7 @@
 //! peak RSS of at most 256 MiB.
 
 use crate::core_bench::{Noop, load_average, parse_property};
-use crate::kafka::{self, LoadSpec, Planned};
+use crate::kafka::{self, LoadSpec, Planned, TopicArgs};
 use crate::measure::{Stopwatch, children_max_rss_kib, proc_status_kib};
 use anyhow::{Context as _, bail};
 use millrace::{Pipeline, PipelineConfig};
@@ -64,24 +64,8 @@ const CHILD_PREFIX: &str = "CHILD ";
 /// Options of the `memory` benchmark.
 #[derive(Debug, clap::Args)]
 pub struct MemoryArgs {
-    /// Records pre-loaded and drained [default: 5000000, 500000 with --quick].
-    #[arg(long)]
-    records: Option<u64>,
-    /// Bytes per record value.
-    #[arg(long, default_value_t = 100)]
-    value_size: usize,
-    /// Number of distinct keys, drawn uniformly.
-    #[arg(long, default_value_t = 10_000)]
-    keys: u64,
-    /// Partitions of the benchmark topic.
-    #[arg(long, default_value_t = 4)]
-    partitions: i32,
-    /// A smoke run: 500000 records unless --records says otherwise.
-    #[arg(long)]
-    quick: bool,
-    /// Brokers; defaults to KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092.
-    #[arg(long)]
-    bootstrap: Option<String>,
+    #[command(flatten)]
+    topic: TopicArgs,
     /// A consumer property for the child's pipeline, as KEY=VALUE (repeatable), e.g.
     /// queued.min.messages=10000.
     #[arg(long = "consumer-property", value_name = "KEY=VALUE", value_parser = parse_property)]
@@ -110,13 +94,10 @@ pub struct MemoryChildArgs {
 
 /// Runs the `memory` benchmark and prints its report.
 pub async fn run(args: MemoryArgs) -> anyhow::Result<()> {
-    let bootstrap = args.bootstrap.unwrap_or_else(PipelineConfig::bootstrap_from_env);
-    let spec = LoadSpec {
-        records: args.records.unwrap_or(if args.quick { QUICK_RECORDS } else { 5_000_000 }),
-        value_size: args.value_size,
-        keys: args.keys,
-    };
-    if spec.records == 0 || args.partitions < 1 {
+    let bootstrap = args.topic.bootstrap();
+    let spec = args.topic.load(5_000_000, QUICK_RECORDS);
+    let partitions = args.topic.partitions;
+    if spec.records == 0 || partitions < 1 {
         bail!("--records and --partitions must be at least 1");
     }
     let topic = kafka::unique_name("millrace-bench-memory");
@@ -126,7 +107,7 @@ pub async fn run(args: MemoryArgs) -> anyhow::Result<()> {
         spec.records,
         spec.value_size,
         spec.keys,
-        args.partitions,
+        partitions,
         bootstrap,
         std::thread::available_parallelism().map_or(0, usize::from),
         load_average(),
@@ -135,7 +116,7 @@ pub async fn run(args: MemoryArgs) -> anyhow::Result<()> {
         println!("consumer property (not the defaults): {k}={v}");
     }
     let admin = kafka::admin(&bootstrap)?;
-    kafka::create_topic(&admin, &topic, args.partitions).await?;
+    kafka::create_topic(&admin, &topic, partitions).await?;
     let child = ChildArgsOwned {
         bootstrap: bootstrap.clone(),
         topic: topic.clone(),
@@ -147,7 +128,7 @@ pub async fn run(args: MemoryArgs) -> anyhow::Result<()> {
     let result = measure(child, spec).await;
     kafka::clean_up(&admin, &topic, std::slice::from_ref(&group)).await;
     let outcome = result?;
-    report(spec, args.partitions, &outcome);
+    report(spec, partitions, &outcome);
     Ok(())
 }
 
