@@ -76,6 +76,21 @@ impl Context {
         Ok(())
     }
 
+    /// Encodes `value` as JSON and emits it to `topic` (see [`emit`](Self::emit)). An encoding failure
+    /// is a permanent error.
+    pub async fn emit_json<T: serde::Serialize>(
+        &self,
+        topic: &str,
+        key: Option<Vec<u8>>,
+        value: &T,
+    ) -> Result<(), crate::ProcessError> {
+        let bytes = serde_json::to_vec(value).map_err(crate::ProcessError::permanent)?;
+        let mut out = OutputRecord::to(topic).value(bytes);
+        out.key = key;
+        self.emit(out).await?;
+        Ok(())
+    }
+
     /// Awaits the acknowledgement of every emitted output.
     pub(crate) async fn acknowledged(self) -> Result<(), EmitError> {
         let pending = self.pending.into_inner().expect("pending outputs lock");

@@ -39,6 +39,7 @@
 
 mod attempt;
 mod breaker;
+pub mod codec;
 pub mod config;
 pub mod context;
 mod dead_letter;
@@ -61,6 +62,7 @@ pub mod record;
 pub mod retry;
 pub mod shutdown;
 pub mod stats;
+pub mod typed;
 
 pub use config::{Bounds, CircuitBreakerConfig, DlqConfig, Ordering, PipelineConfig};
 pub use context::Context;
