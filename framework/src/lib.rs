@@ -47,6 +47,7 @@ pub mod dedup;
 mod dedup_changelog;
 pub mod dedup_store;
 pub mod dlq;
+pub mod envelope;
 pub mod error;
 pub mod guarantees {
     #![doc = include_str!("../../docs/guarantees.md")]
