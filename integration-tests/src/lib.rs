@@ -372,3 +372,29 @@ pub async fn produce_raw(topic: &str, records: impl IntoIterator<Item = RawRecor
     }
     Ok(out)
 }
+
+/// A fresh journal file for a `millrace-it-worker` (in the temp directory; not created yet).
+pub fn journal_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("{}.journal", unique(name)))
+}
+
+/// The command that runs the killable worker on `topic` in `group`, journaling to `journal`, with its
+/// stdout piped (its SUMMARY line is read by [`worker_summary`]). `exe` is the calling test's
+/// `env!("CARGO_BIN_EXE_millrace-it-worker")`; add worker options with `.args(…)`.
+pub fn worker_command(exe: &str, topic: &str, group: &str, journal: &Path) -> std::process::Command {
+    let mut c = std::process::Command::new(exe);
+    c.args(["--topic", topic, "--group", group, "--journal"])
+        .arg(journal)
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .stdout(std::process::Stdio::piped());
+    c
+}
+
+/// Everything an exited worker printed on stdout (its SUMMARY line).
+pub fn worker_summary(child: &mut std::process::Child) -> Result<String> {
+    let mut out = String::new();
+    if let Some(stdout) = child.stdout.as_mut() {
+        std::io::Read::read_to_string(stdout, &mut out)?;
+    }
+    Ok(out)
+}

@@ -4,24 +4,14 @@
 
 use anyhow::Result;
 use millrace_integration_tests::*;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_millrace-it-worker");
 
-fn journal_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("{}.journal", unique(name)))
-}
-
 fn spawn_worker(topic: &str, group: &str, journal: &Path, extra: &[&str]) -> Result<Child> {
-    Ok(Command::new(WORKER)
-        .args(["--topic", topic, "--group", group, "--journal"])
-        .arg(journal)
-        .args(extra)
-        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-        .stdout(Stdio::piped())
-        .spawn()?)
+    Ok(worker_command(WORKER, topic, group, journal).args(extra).spawn()?)
 }
 
 async fn journal_reaches(journal: &Path, distinct_records: usize, timeout: Duration) -> Result<()> {
@@ -122,8 +112,7 @@ async fn sigterm_drains_commits_the_completed_prefix_and_exits_zero() -> Result<
     let took = asked.elapsed();
     assert!(status.success(), "graceful shutdown exits 0, got {status}");
     assert!(took < drain + Duration::from_secs(5), "shutdown took {took:?}");
-    let mut out = String::new();
-    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out)?;
+    let out = worker_summary(&mut child)?;
     assert!(out.contains("drained=true"), "all in-flight records finish within the deadline: {out}");
 
     let seen = distinct(&read_journal(&journal)?);
@@ -149,12 +138,9 @@ async fn second_signal_exits_at_once_without_committing_unfinished_work() -> Res
     create_topic(&topic, 1).await?;
     produce(&topic, keyed_records(50, 50)).await?;
     // Slow records (2-3 s each): the drain after the first signal would take seconds.
-    let mut child = Command::new(WORKER)
-        .args(["--topic", &topic, "--group", &group, "--journal"])
-        .arg(&journal)
+    let mut child = worker_command(WORKER, &topic, &group, &journal)
         .args(["--delay-min-ms", "2000", "--delay-max-ms", "3000", "--drain-timeout-ms", "30000"])
         .env("RUST_LOG", "info,librdkafka=warn")
-        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
     // The worker's log lines, as they come.

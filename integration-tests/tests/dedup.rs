@@ -7,7 +7,6 @@ use millrace::{Context, DedupConfig, Pipeline, PipelineConfig, ProcessError, Pro
 use millrace_integration_tests::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -236,17 +235,14 @@ async fn crash_after_dedup_write_before_commit_repeats_no_effect() -> Result<()>
     let topic = unique("dedup-crash");
     let group = unique("dedup-crash-group");
     let dir = temp_dir("dedup-crash");
-    let journal = std::env::temp_dir().join(format!("{}.journal", unique("dedup-crash")));
+    let journal = journal_path("dedup-crash");
     create_topic(&topic, 2).await?;
     produce_raw(&topic, events(0..N, |i| format!("c{}", i % 50))).await?;
     let worker = |commit_ms: &str| {
-        Command::new(env!("CARGO_BIN_EXE_millrace-it-worker"))
-            .args(["--topic", &topic, "--group", &group, "--journal"])
-            .arg(&journal)
+        worker_command(env!("CARGO_BIN_EXE_millrace-it-worker"), &topic, &group, &journal)
             .arg("--dedup-dir")
             .arg(&dir)
             .args(["--commit-interval-ms", commit_ms, "--consumer-prop", "session.timeout.ms=6000"])
-            .stdout(Stdio::piped())
             .spawn()
     };
     // No periodic commit in the first run: everything is processed and recorded, nothing committed.
@@ -267,8 +263,7 @@ async fn crash_after_dedup_write_before_commit_repeats_no_effect() -> Result<()>
     .await?;
     signal(&child, libc::SIGTERM)?;
     assert!(wait_exit(&mut child, Duration::from_secs(30)).await?.success());
-    let mut out = String::new();
-    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out)?;
+    let out = worker_summary(&mut child)?;
     let entries = read_journal(&journal)?;
     println!("{} effects for {N} records; restarted worker: {}", entries.len(), out.trim());
     assert_eq!(entries.len(), N, "no effect ran twice after the crash");

@@ -4,7 +4,6 @@
 use anyhow::Result;
 use millrace::{Context, Pipeline, PipelineConfig, ProcessError, Processor, Record};
 use millrace_integration_tests::*;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -71,17 +70,14 @@ async fn backlog_behind_slow_handler_keeps_memory_bounded() -> Result<()> {
     const TOTAL_BOUND: u64 = 1_000;
     let topic = unique("backpressure");
     let group = unique("backpressure-group");
-    let journal = std::env::temp_dir().join(format!("{}.journal", unique("backpressure")));
+    let journal = journal_path("backpressure");
     create_topic(&topic, 4).await?;
     let value = vec![b'x'; 1024];
     produce(&topic, (0..RECORDS).map(|i| (format!("key-{}", i % 5_000), value.clone()))).await?;
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_millrace-it-worker"))
-        .args(["--topic", &topic, "--group", &group, "--journal"])
-        .arg(&journal)
+    let mut child = worker_command(env!("CARGO_BIN_EXE_millrace-it-worker"), &topic, &group, &journal)
         .args(["--delay-min-ms", "1", "--delay-max-ms", "3", "--concurrency", "16"])
         .args(["--per-partition", "500", "--total", &TOTAL_BOUND.to_string()])
-        .stdout(Stdio::piped())
         .spawn()?;
     // Sample while the worker chews through the backlog: it cannot finish 200,000 records in this time.
     eventually("the worker to start processing", Duration::from_secs(30), || {
@@ -100,8 +96,7 @@ async fn backlog_behind_slow_handler_keeps_memory_bounded() -> Result<()> {
     let processed = distinct(&read_journal(&journal)?).len();
     signal(&child, libc::SIGTERM)?;
     assert!(wait_exit(&mut child, Duration::from_secs(30)).await?.success());
-    let mut out = String::new();
-    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out)?;
+    let out = worker_summary(&mut child)?;
     let peak_in_flight: u64 = out
         .split_whitespace()
         .find_map(|kv| kv.strip_prefix("in_flight_peak="))
