@@ -7,7 +7,7 @@ use crate::dlq::{DlqErrorKind, Failure, now_ms};
 use crate::error::{Cause, ProcessError};
 use crate::pipeline::Shared;
 use crate::processor::Processor;
-use crate::record::Record;
+use crate::record::{OutputRecord, Record};
 use crate::stats::Stats;
 use futures::FutureExt;
 use std::panic::AssertUnwindSafe;
@@ -16,12 +16,14 @@ use tokio_util::sync::CancellationToken;
 /// How a record's processing ended.
 #[derive(Debug)]
 pub(crate) enum Outcome {
-    /// Processed; every output acknowledged.
-    Done,
+    /// Processed; every output acknowledged (at-least-once), or kept here for the transaction
+    /// (exactly-once).
+    Done(Vec<OutputRecord>),
     /// Failed permanently or ran out of attempts; not dead-lettered (DLQ off), so left uncommitted.
     Failed(Failure),
-    /// Failed for good and written to the DLQ: its offset completes.
-    DeadLettered,
+    /// Failed for good and written to the DLQ (at-least-once), or with its DLQ record kept here for
+    /// the transaction (exactly-once): its offset completes.
+    DeadLettered(Vec<OutputRecord>),
     /// Skipped: its idempotency key was already processed. Its offset completes.
     Duplicate,
     /// Shutdown or revoke interrupted a retry: left unfinished, to be redelivered.
@@ -50,7 +52,7 @@ pub(crate) async fn attempt_until_done<P: Processor>(
             }
         };
         let error = match result {
-            Ok(()) => return Ok(Outcome::Done),
+            Ok(outputs) => return Ok(Outcome::Done(outputs)),
             Err(e) => e,
         };
         let failed_at = now_ms();

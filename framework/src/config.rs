@@ -94,6 +94,77 @@ impl Default for CircuitBreakerConfig {
     }
 }
 
+/// What a committed offset promises.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum Delivery {
+    /// Offsets are committed after each record's effects and outputs are done (acknowledged): nothing
+    /// is lost, a crash may repeat effects (absorbed by the dedup store when it is on).
+    #[default]
+    AtLeastOnce,
+    /// Read-process-write in Kafka transactions: outputs, DLQ records, dedup changelog entries and
+    /// the input offsets commit together once per `commit_interval`, or not at all. `read_committed`
+    /// readers of the outputs see every input reflected exactly once. See [`ExactlyOnce`].
+    ExactlyOnce(ExactlyOnce),
+}
+
+/// Settings of [`Delivery::ExactlyOnce`].
+///
+/// The transactional id must be unique per running instance and stable across its restarts
+/// (KIP-447: one transactional producer per instance, zombies fenced by the consumer group's
+/// generation). A restarted instance with the same id aborts whatever transaction its previous
+/// incarnation left open, at once; with a new id that transaction blocks `read_committed` readers
+/// until `transaction_timeout` expires it.
+///
+/// ```
+/// use millrace::{ExactlyOnce, PipelineConfig};
+/// use std::time::Duration;
+///
+/// let config = PipelineConfig::new("127.0.0.1:9092", "copier", ["orders"])
+///     .exactly_once(ExactlyOnce::default().transactional_id("copier-1"));
+/// assert_eq!(config.commit_interval, Duration::from_millis(100)); // one transaction per 100 ms
+/// assert!(config.validate().is_ok());
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExactlyOnce {
+    /// The producer's `transactional.id`. Default `<group_id>.<hostname>`: set it when several
+    /// instances of one group run on the same host, or they fence each other.
+    pub transactional_id: Option<String>,
+    /// `transaction.timeout.ms`: how long the broker lets a transaction stay open before aborting
+    /// it (what a crashed instance's open transaction costs readers). Must be at least twice the
+    /// commit interval and one second; default 10 s. The broker caps it at its
+    /// `transaction.max.timeout.ms` (15 min by default).
+    pub transaction_timeout: Duration,
+    /// Fault injection for tests: abort this share (0.0–1.0) of transactions on purpose instead of
+    /// committing them, exercising the abort-and-rewind path. 0 (off) by default.
+    pub inject_abort_ratio: f64,
+}
+
+impl Default for ExactlyOnce {
+    fn default() -> Self {
+        Self { transactional_id: None, transaction_timeout: Duration::from_secs(10), inject_abort_ratio: 0.0 }
+    }
+}
+
+impl ExactlyOnce {
+    /// Sets the transactional id.
+    pub fn transactional_id(mut self, id: impl Into<String>) -> Self {
+        self.transactional_id = Some(id.into());
+        self
+    }
+
+    /// Sets the transaction timeout.
+    pub fn transaction_timeout(mut self, timeout: Duration) -> Self {
+        self.transaction_timeout = timeout;
+        self
+    }
+
+    /// Aborts this share of transactions on purpose (tests of the abort path).
+    pub fn inject_abort_ratio(mut self, ratio: f64) -> Self {
+        self.inject_abort_ratio = ratio;
+        self
+    }
+}
+
 /// Everything a pipeline needs to run.
 ///
 /// Kafka client properties pass through untouched: [`kafka`](Self::kafka) goes to both the consumer and
@@ -141,6 +212,8 @@ pub struct PipelineConfig {
     pub circuit_breaker: CircuitBreakerConfig,
     /// The RocksDB dedup store (off unless set).
     pub dedup: Option<crate::dedup::DedupConfig>,
+    /// At-least-once (default) or exactly-once in Kafka transactions.
+    pub delivery: Delivery,
     /// Properties for both the consumer and the producer.
     pub kafka: BTreeMap<String, String>,
     /// Consumer-only properties.
@@ -172,6 +245,7 @@ impl PipelineConfig {
             dlq: DlqConfig::default(),
             circuit_breaker: CircuitBreakerConfig::default(),
             dedup: None,
+            delivery: Delivery::AtLeastOnce,
             kafka: BTreeMap::new(),
             consumer: BTreeMap::new(),
             producer: BTreeMap::new(),
@@ -235,6 +309,29 @@ impl PipelineConfig {
     pub fn dedup(mut self, dedup: crate::dedup::DedupConfig) -> Self {
         self.dedup = Some(dedup);
         self
+    }
+
+    /// Switches to exactly-once delivery (Kafka transactions) and sets the commit interval, which is
+    /// also the transaction interval, to 100 ms; call [`commit_interval`](Self::commit_interval)
+    /// afterwards to change it.
+    pub fn exactly_once(mut self, settings: ExactlyOnce) -> Self {
+        self.delivery = Delivery::ExactlyOnce(settings);
+        self.commit_interval = Duration::from_millis(100);
+        self
+    }
+
+    /// The exactly-once settings, when that mode is on.
+    pub fn exactly_once_settings(&self) -> Option<&ExactlyOnce> {
+        match &self.delivery {
+            Delivery::ExactlyOnce(eo) => Some(eo),
+            Delivery::AtLeastOnce => None,
+        }
+    }
+
+    /// The transactional id exactly-once mode uses: the configured one, else `<group_id>.<hostname>`.
+    pub fn transactional_id(&self) -> Option<String> {
+        let eo = self.exactly_once_settings()?;
+        Some(eo.transactional_id.clone().unwrap_or_else(|| format!("{}.{}", self.group_id, hostname())))
     }
 
     /// The DLQ topic for records from `source`.
@@ -346,6 +443,32 @@ impl PipelineConfig {
                 ));
             }
         }
+        if let Some(eo) = self.exactly_once_settings() {
+            let floor = (self.commit_interval * 2).max(Duration::from_secs(1));
+            if eo.transaction_timeout < floor {
+                return Err(ConfigError::new(
+                    "delivery.transaction_timeout",
+                    format!(
+                        "{:?} must be at least {floor:?} (twice the commit interval, and 1 s)",
+                        eo.transaction_timeout
+                    ),
+                ));
+            }
+            if eo.transactional_id.as_ref().is_some_and(|id| id.trim().is_empty()) {
+                return Err(ConfigError::new("delivery.transactional_id", "must not be empty when set"));
+            }
+            if !(0.0..=1.0).contains(&eo.inject_abort_ratio) {
+                return Err(ConfigError::new("delivery.inject_abort_ratio", "must be in [0, 1]"));
+            }
+            for key in ["transactional.id", "transaction.timeout.ms", "isolation.level"] {
+                if self.kafka.contains_key(key) || self.producer.contains_key(key) || self.consumer.contains_key(key) {
+                    return Err(ConfigError::new(
+                        key,
+                        "is managed by Millrace in exactly-once mode; set the ExactlyOnce field instead",
+                    ));
+                }
+            }
+        }
         let max_poll = self.consumer_ms("max.poll.interval.ms", 300_000)?;
         if self.drain_timeout.as_millis() as u64 >= max_poll {
             return Err(ConfigError::new(
@@ -365,6 +488,16 @@ impl PipelineConfig {
             }
         }
     }
+}
+
+/// This machine's host name, for the default transactional id.
+fn hostname() -> String {
+    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }
 
 fn valid_topic_name(t: &str) -> bool {
@@ -407,6 +540,12 @@ mod tests {
                 ok().consumer_property("max.poll.interval.ms", "5000").drain_timeout(Duration::from_secs(10)),
                 "drain_timeout",
             ),
+            (
+                ok().exactly_once(ExactlyOnce::default().transaction_timeout(Duration::from_millis(150))),
+                "delivery.transaction_timeout",
+            ),
+            (ok().exactly_once(ExactlyOnce::default().transactional_id(" ")), "delivery.transactional_id"),
+            (ok().exactly_once(ExactlyOnce::default()).producer_property("transactional.id", "x"), "transactional.id"),
         ];
         for (config, field) in cases {
             assert_eq!(config.validate().unwrap_err().field, field, "{config:?}");

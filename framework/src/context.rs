@@ -11,22 +11,30 @@ use tokio_util::sync::CancellationToken;
 
 /// Per-attempt context handed to [`Processor::process`](crate::Processor::process).
 ///
-/// Outputs emitted with [`emit`](Self::emit) are queued to the producer at once; the record is
-/// completed (and its offset becomes committable) only after the broker has acknowledged every one
-/// of them. An unacknowledged output fails the attempt as a transient error, so the record is
-/// retried: at-least-once, never lost.
+/// At-least-once: outputs emitted with [`emit`](Self::emit) are queued to the producer at once; the
+/// record is completed (and its offset becomes committable) only after the broker has acknowledged
+/// every one of them. An unacknowledged output fails the attempt as a transient error, so the record
+/// is retried: at-least-once, never lost.
+///
+/// Exactly-once: outputs are kept with the record and produced in the Kafka transaction that
+/// commits the record's offset; the outputs of a failed attempt are discarded.
 pub struct Context {
     attempt: u32,
     epoch: u64,
     idempotency_key: Option<Vec<u8>>,
     handles: Arc<RuntimeHandles>,
     pending: Mutex<Vec<(String, DeliveryFuture)>>,
+    buffered: Mutex<Vec<OutputRecord>>,
 }
 
 /// What every context shares: the producer for outputs and the shutdown signal.
 pub(crate) struct RuntimeHandles {
     pub(crate) producer: Producer,
     pub(crate) shutdown: CancellationToken,
+    /// Exactly-once: outputs are buffered for the transaction instead of produced.
+    pub(crate) transactional: bool,
+    /// The producer's `message.max.bytes`: a larger output can never be produced.
+    pub(crate) max_output_bytes: usize,
 }
 
 impl Context {
@@ -36,7 +44,14 @@ impl Context {
         idempotency_key: Option<Vec<u8>>,
         handles: Arc<RuntimeHandles>,
     ) -> Self {
-        Self { attempt, epoch, idempotency_key, handles, pending: Mutex::new(Vec::new()) }
+        Self {
+            attempt,
+            epoch,
+            idempotency_key,
+            handles,
+            pending: Mutex::new(Vec::new()),
+            buffered: Mutex::new(Vec::new()),
+        }
     }
 
     /// The record's idempotency key when the dedup store is on: the same on every attempt, every
@@ -69,8 +84,20 @@ impl Context {
     }
 
     /// Queues `record` to the producer. Returns once it is queued (waiting while the producer's queue
-    /// is full); its broker acknowledgement is awaited before the input record completes.
+    /// is full); its broker acknowledgement is awaited before the input record completes. In
+    /// exactly-once mode the record is kept for the transaction that commits the input record.
+    ///
+    /// A record larger than the producer's `message.max.bytes` fails at once with
+    /// [`EmitError::TooLarge`], a permanent error (the input record goes to the DLQ).
     pub async fn emit(&self, record: OutputRecord) -> Result<(), EmitError> {
+        let size = record.byte_len();
+        if size > self.handles.max_output_bytes {
+            return Err(EmitError::TooLarge { topic: record.topic, size, max: self.handles.max_output_bytes });
+        }
+        if self.handles.transactional {
+            self.buffered.lock().expect("buffered outputs lock").push(record);
+            return Ok(());
+        }
         let delivery = produce::enqueue(&self.handles.producer, &record).await?;
         self.pending.lock().expect("pending outputs lock").push((record.topic, delivery));
         Ok(())
@@ -91,12 +118,13 @@ impl Context {
         Ok(())
     }
 
-    /// Awaits the acknowledgement of every emitted output.
-    pub(crate) async fn acknowledged(self) -> Result<(), EmitError> {
+    /// Awaits the acknowledgement of every emitted output; returns the outputs kept for the
+    /// transaction (exactly-once mode; none otherwise).
+    pub(crate) async fn acknowledged(self) -> Result<Vec<OutputRecord>, EmitError> {
         let pending = self.pending.into_inner().expect("pending outputs lock");
         for (topic, delivery) in pending {
             produce::acknowledged(&topic, delivery).await?;
         }
-        Ok(())
+        Ok(self.buffered.into_inner().expect("buffered outputs lock"))
     }
 }

@@ -4,7 +4,8 @@
 //! a failed produce is retried with the pipeline's backoff, forever, until it succeeds or the
 //! partition is revoked or the pipeline stops (then the record is redelivered later). A missing DLQ
 //! topic is created on first use when `dlq.create_topics` is on, with the source topic's partition
-//! count.
+//! count. In exactly-once mode the DLQ record is not produced here but returned, to be produced in
+//! the transaction that commits the record's offset.
 
 use crate::attempt::Outcome;
 use crate::dlq::{self, Failure};
@@ -29,9 +30,12 @@ pub(crate) async fn dead_letter<P: Processor>(
 ) -> Outcome {
     let topic = shared.config.dlq_topic(&record.topic);
     let out = dlq::dead_letter(record, &topic, &shared.config.group_id, shared.processor.name(), failure);
+    let transactional = shared.handles.transactional;
     let mut attempt = 1;
     loop {
         let result = match ensure_topic(shared, &record.topic, &topic).await {
+            // Exactly-once: the DLQ record is produced in the transaction that commits its offset.
+            Ok(()) if transactional => Ok(()),
             Ok(()) => produce(&shared.handles.producer, &out).await.map_err(|e| e.to_string()),
             Err(e) => Err(e),
         };
@@ -42,7 +46,7 @@ pub(crate) async fn dead_letter<P: Processor>(
                     offset = record.offset, dlq = %topic, kind = %failure.kind, error = %failure.message,
                     "record dead-lettered"
                 );
-                return Outcome::DeadLettered;
+                return Outcome::DeadLettered(if transactional { vec![out] } else { Vec::new() });
             }
             Err(e) => {
                 Stats::bump(&shared.stats.dlq_produce_failures);

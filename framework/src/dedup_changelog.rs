@@ -76,6 +76,32 @@ impl Dedup {
         }
     }
 
+    /// The changelog record of `key`, recorded at `now` for `topic`/`partition`.
+    pub(crate) fn changelog_entry(&self, topic: &str, partition: i32, key: &[u8], now: i64) -> OutputRecord {
+        OutputRecord::to(&self.changelog)
+            .partition(partition)
+            .key(key.to_vec())
+            .value(now.to_be_bytes().to_vec())
+            .header(SOURCE_TOPIC_HEADER, topic.as_bytes().to_vec())
+    }
+
+    /// Exactly-once: records `key` in the local store once the transaction carrying its changelog
+    /// entry (which landed at `changelog_offset`, when known) committed.
+    pub(crate) fn record_committed(
+        &self,
+        topic: &str,
+        partition: i32,
+        key: &[u8],
+        now: i64,
+        changelog_offset: Option<i64>,
+    ) -> Result<(), String> {
+        self.store.partition(topic, partition).and_then(|p| p.record(key, now)).map_err(|e| e.to_string())?;
+        match changelog_offset {
+            Some(offset) => self.note_position(topic, partition, offset + 1),
+            None => Ok(()),
+        }
+    }
+
     pub(crate) fn open(config: DedupConfig, group: &str) -> Result<Self, crate::dedup_store::DedupError> {
         let store = DedupStore::open(&config.dir, config.ttl, config.sync_writes)?;
         Ok(Self {
@@ -130,11 +156,7 @@ async fn write<P: Processor>(
         return Ok(());
     }
     ensure_changelog(shared, dedup).await?;
-    let out = OutputRecord::to(&dedup.changelog)
-        .partition(record.partition)
-        .key(key.to_vec())
-        .value(now.to_be_bytes().to_vec())
-        .header(SOURCE_TOPIC_HEADER, record.topic.as_bytes().to_vec());
+    let out = dedup.changelog_entry(&record.topic, record.partition, key, now);
     let delivery = enqueue(&shared.handles.producer, &out).await.map_err(|e| e.to_string())?;
     // The delivery report says where the entry landed: the local store is current up to there.
     let offset = match delivery.await {

@@ -175,12 +175,33 @@ pub enum EmitError {
         /// Destination topic.
         topic: String,
     },
+    /// The record is larger than the producer's `message.max.bytes`: it can never be produced.
+    #[error("output to {topic} is {size} bytes, over the producer's message.max.bytes ({max})")]
+    TooLarge {
+        /// Destination topic.
+        topic: String,
+        /// Key, value and header bytes.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
 }
 
 impl From<EmitError> for ProcessError {
-    /// An unacknowledged output is transient: the record is retried (at-least-once).
+    /// An unacknowledged output is transient: the record is retried (at-least-once). An output that
+    /// is too large is permanent.
     fn from(e: EmitError) -> Self {
-        ProcessError::transient(e)
+        let too_large = matches!(
+            &e,
+            EmitError::TooLarge { .. }
+                | EmitError::NotAcknowledged {
+                    source: rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::MessageSizeTooLarge
+                    ),
+                    ..
+                }
+        );
+        if too_large { ProcessError::permanent(e) } else { ProcessError::transient(e) }
     }
 }
 
@@ -213,6 +234,11 @@ pub enum Error {
     /// The dedup store could not be opened.
     #[error(transparent)]
     Dedup(#[from] crate::dedup_store::DedupError),
+    /// Exactly-once mode stopped on a fatal transaction error: this instance was fenced (another
+    /// producer with its transactional id, or its consumer-group generation moved on) or the
+    /// producer failed for good. Nothing was committed after it; restarting is the caller's choice.
+    #[error("exactly-once processing stopped: {0}")]
+    Transaction(rdkafka::error::KafkaError),
     /// The runtime's own threads failed.
     #[error("runtime failure: {0}")]
     Runtime(String),

@@ -55,6 +55,7 @@ pub mod guarantees {
 mod kafka_log;
 pub mod offsets;
 mod partition;
+mod pending;
 pub mod pipeline;
 pub mod processor;
 mod produce;
@@ -63,9 +64,10 @@ pub mod record;
 pub mod retry;
 pub mod shutdown;
 pub mod stats;
+mod transaction;
 pub mod typed;
 
-pub use config::{Bounds, CircuitBreakerConfig, DlqConfig, Ordering, PipelineConfig};
+pub use config::{Bounds, CircuitBreakerConfig, Delivery, DlqConfig, ExactlyOnce, Ordering, PipelineConfig};
 pub use context::Context;
 pub use dedup::{DedupConfig, DedupFallback};
 pub use error::{ConfigError, EmitError, Error, FailureKind, ProcessError, ResultExt};

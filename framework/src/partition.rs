@@ -17,6 +17,7 @@ use crate::config::Ordering;
 use crate::dead_letter::dead_letter;
 use crate::dedup_changelog;
 use crate::offsets::OffsetTracker;
+use crate::pending::{self, PendingOutputs};
 use crate::pipeline::Shared;
 use crate::processor::Processor;
 use crate::record::Record;
@@ -29,7 +30,7 @@ use std::collections::hash_map::Entry;
 use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::time::Instant;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::sync::CancellationToken;
@@ -81,6 +82,11 @@ pub(crate) struct PartitionHandle {
     paused: AtomicBool,
     /// The last offset committed successfully (poll thread only).
     last_committed: AtomicI64,
+    /// The first offset handed to the task (poll thread only): where a rewind goes when nothing was
+    /// committed in this epoch.
+    first_offset: AtomicI64,
+    /// Exactly-once: completed records' outputs awaiting their transaction.
+    pub(crate) pending: PendingOutputs,
 }
 
 impl PartitionHandle {
@@ -102,6 +108,8 @@ impl PartitionHandle {
             buffered: AtomicUsize::new(0),
             paused: AtomicBool::new(false),
             last_committed: AtomicI64::new(NO_OFFSET),
+            first_offset: AtomicI64::new(NO_OFFSET),
+            pending: PendingOutputs::default(),
         });
         runtime.spawn(PartitionTask::new(shared.clone(), handle.clone()).run(rx));
         handle
@@ -111,6 +119,11 @@ impl PartitionHandle {
     /// buffered count after it.
     pub(crate) fn send(&self, records: Vec<Record>, stats: &Stats) -> usize {
         let n = records.len();
+        if let Some(first) = records.first()
+            && self.first_offset.load(Relaxed) == NO_OFFSET
+        {
+            self.first_offset.store(first.offset, Relaxed);
+        }
         let bytes: u64 = records.iter().map(|r| r.byte_len() as u64).sum();
         let now = self.buffered.fetch_add(n, Relaxed) + n;
         stats.add_in_flight(n as u64, bytes);
@@ -132,7 +145,15 @@ impl PartitionHandle {
 
     /// The offset to commit (the end of the contiguous completed prefix), if any record was tracked.
     pub(crate) fn committable(&self) -> Option<i64> {
-        Some(self.committable.load(Relaxed)).filter(|o| *o != NO_OFFSET)
+        // Acquire pairs with the task's Release in `publish`: the pending outputs of every record
+        // below the offset read here are visible too.
+        Some(self.committable.load(Acquire)).filter(|o| *o != NO_OFFSET)
+    }
+
+    /// Where to seek to redo this epoch's uncommitted work: the last committed offset, else the
+    /// first offset the task received.
+    pub(crate) fn rewind_target(&self) -> Option<i64> {
+        [self.last_committed.load(Relaxed), self.first_offset.load(Relaxed)].into_iter().find(|o| *o != NO_OFFSET)
     }
 
     /// The committable offset, if it moved since the last successful commit.
@@ -179,6 +200,8 @@ struct Finished {
     offset: i64,
     bytes: u64,
     outcome: Outcome,
+    /// Exactly-once with dedup: the key to record once the record's transaction commits.
+    dedup_key: Option<Vec<u8>>,
 }
 
 struct Stopping {
@@ -203,6 +226,7 @@ struct PartitionTask<P> {
 
 struct TaskCtx<P> {
     shared: Arc<Shared<P>>,
+    handle: Arc<PartitionHandle>,
     epoch: u64,
     /// Cancelled on revoke, at the stop deadline and at shutdown: retries and DLQ produces give up.
     cancel: CancellationToken,
@@ -227,7 +251,7 @@ impl<P: Processor> PartitionTask<P> {
     fn new(shared: Arc<Shared<P>>, handle: Arc<PartitionHandle>) -> Self {
         let ordering = shared.config.ordering;
         let cancel = shared.handles.shutdown.child_token();
-        let ctx = Arc::new(TaskCtx { shared: shared.clone(), epoch: handle.epoch, cancel });
+        let ctx = Arc::new(TaskCtx { shared: shared.clone(), handle: handle.clone(), epoch: handle.epoch, cancel });
         Self {
             shared,
             handle,
@@ -354,13 +378,14 @@ impl<P: Processor> PartitionTask<P> {
     fn process(&self, (lane, record): (LaneId, Record)) -> impl Future<Output = Finished> + Send + use<P> {
         let ctx = self.ctx.clone();
         async move {
-            let TaskCtx { shared, epoch, cancel } = &*ctx;
+            let TaskCtx { shared, handle, epoch, cancel } = &*ctx;
             let epoch = *epoch;
             let abandoned = |record: &Record| Finished {
                 lane,
                 offset: record.offset,
                 bytes: record.byte_len() as u64,
                 outcome: Outcome::Abandoned,
+                dedup_key: None,
             };
             if shared.stats.breaker_open.load(Relaxed) != 0 {
                 tokio::select! {
@@ -369,6 +394,8 @@ impl<P: Processor> PartitionTask<P> {
                 }
             }
             let dedup = shared.dedup.as_ref().and_then(|d| Some((d, d.config.key_of(&record)?)));
+            let transactional = shared.handles.transactional;
+            let mut dedup_key = None;
             let outcome = match dedup {
                 None => run(shared, epoch, &record, None, cancel).await,
                 Some((dedup, key)) => {
@@ -377,7 +404,11 @@ impl<P: Processor> PartitionTask<P> {
                         held = dedup.in_flight.hold(&key) => held,
                         _ = cancel.cancelled() => return abandoned(&record),
                     };
-                    let seen = dedup.store.partition(&record.topic, record.partition).and_then(|p| p.seen(&key));
+                    // Exactly-once: a key whose transaction has not committed yet is not in the store.
+                    let seen = match transactional && handle.pending.has_key(&key) {
+                        true => Ok(true),
+                        false => dedup.store.partition(&record.topic, record.partition).and_then(|p| p.seen(&key)),
+                    };
                     match seen {
                         Ok(true) => Outcome::Duplicate,
                         seen => {
@@ -385,7 +416,12 @@ impl<P: Processor> PartitionTask<P> {
                                 shared.log.warn("dedup lookup failed; processing the record", &e.to_string());
                             }
                             match run(shared, epoch, &record, Some(&key), cancel).await {
-                                Outcome::Done
+                                // Exactly-once: recorded when the record's transaction commits.
+                                Outcome::Done(outputs) if transactional => {
+                                    dedup_key = Some(key);
+                                    Outcome::Done(outputs)
+                                }
+                                Outcome::Done(_)
                                     if !dedup_changelog::record(shared, dedup, &record, &key, cancel).await =>
                                 {
                                     Outcome::Abandoned
@@ -396,23 +432,25 @@ impl<P: Processor> PartitionTask<P> {
                     }
                 }
             };
-            Finished { lane, offset: record.offset, bytes: record.byte_len() as u64, outcome }
+            Finished { lane, offset: record.offset, bytes: record.byte_len() as u64, outcome, dedup_key }
         }
     }
 
     /// Books a finished record and returns the next record of its lane, if it should start.
-    fn finish(&mut self, f: Finished) -> Option<(LaneId, Record)> {
-        let completes = match &f.outcome {
-            Outcome::Done => {
+    fn finish(&mut self, mut f: Finished) -> Option<(LaneId, Record)> {
+        let completes = match &mut f.outcome {
+            Outcome::Done(outputs) => {
                 self.tally.processed += 1;
+                self.keep_for_transaction(f.offset, std::mem::take(outputs), f.dedup_key.take());
                 true
             }
             Outcome::Duplicate => {
                 self.tally.dedup_hits += 1;
                 true
             }
-            Outcome::DeadLettered => {
+            Outcome::DeadLettered(outputs) => {
                 self.tally.dead_lettered += 1;
+                self.keep_for_transaction(f.offset, std::mem::take(outputs), None);
                 true
             }
             Outcome::Failed(failure) => {
@@ -432,8 +470,8 @@ impl<P: Processor> PartitionTask<P> {
         // The circuit breaker counts successes in bulk, failures one by one (after the successes
         // before them), so that its "in a row" count stays exact.
         match f.outcome {
-            Outcome::Done | Outcome::Duplicate => self.tally.succeeded_for_breaker += 1,
-            Outcome::DeadLettered | Outcome::Failed(_) => {
+            Outcome::Done(_) | Outcome::Duplicate => self.tally.succeeded_for_breaker += 1,
+            Outcome::DeadLettered(_) | Outcome::Failed(_) => {
                 self.flush_breaker();
                 if self.shared.breaker.record(1, true, &self.shared.stats, &self.shared.config.name) {
                     self.shared.wake_poller();
@@ -447,6 +485,14 @@ impl<P: Processor> PartitionTask<P> {
             self.lanes.remove(&f.lane);
         }
         next.map(|r| (f.lane, r))
+    }
+
+    /// Exactly-once: keeps a completed record's outputs (and dedup key) for the transaction that will
+    /// commit its offset; done before the offset is published as committable.
+    fn keep_for_transaction(&self, offset: i64, outputs: Vec<crate::record::OutputRecord>, dedup_key: Option<Vec<u8>>) {
+        if !outputs.is_empty() || dedup_key.is_some() {
+            self.handle.pending.push(offset, pending::Entry { outputs, dedup_key }, &self.shared.stats);
+        }
     }
 
     fn flush_breaker(&mut self) {
@@ -485,7 +531,7 @@ impl<P: Processor> PartitionTask<P> {
 
     fn publish(&self) {
         if let Some(c) = self.tracker.committable() {
-            self.handle.committable.store(c, Relaxed);
+            self.handle.committable.store(c, Release);
         }
     }
 

@@ -25,6 +25,7 @@ use crate::processor::Processor;
 use crate::rebalance::{Assignments, Hooks, Starter, commit_now};
 use crate::record::Record;
 use crate::stats::Stats;
+use crate::transaction::{Transactions, TxnOutcome};
 use rdkafka::ClientConfig;
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
@@ -61,7 +62,7 @@ pub(crate) struct Shared<P> {
     pub(crate) breaker: Breaker,
     pub(crate) log: Arc<KafkaLog>,
     /// The dedup store, when on.
-    pub(crate) dedup: Option<Dedup>,
+    pub(crate) dedup: Option<Arc<Dedup>>,
 }
 
 /// Lets partition tasks wake the poll thread while it waits for in-flight room.
@@ -142,7 +143,15 @@ impl<P: Processor> Pipeline<P> {
         config.validate()?;
         let stats = Arc::new(Stats::default());
         let log = Arc::new(KafkaLog::new(config.name.clone()));
+        let producer: Producer = producer_config(&config)
+            .create_with_context(ProducerHooks(log.clone()))
+            .map_err(client_creation("producer"))?;
+        let dedup = config.dedup.clone().map(|d| Dedup::open(d, &config.group_id)).transpose()?.map(Arc::new);
+        let transactions = config.exactly_once_settings().map(|eo| {
+            Arc::new(Transactions::new(producer.clone(), stats.clone(), dedup.clone(), eo.clone(), config.name.clone()))
+        });
         let hooks = Hooks {
+            transactions,
             assignments: Arc::new(Mutex::new(Assignments::default())),
             starter: OnceLock::new(),
             stats: stats.clone(),
@@ -154,12 +163,14 @@ impl<P: Processor> Pipeline<P> {
         };
         let consumer: BaseConsumer<Hooks> =
             consumer_config(&config).create_with_context(hooks).map_err(client_creation("consumer"))?;
-        let producer: Producer = producer_config(&config)
-            .create_with_context(ProducerHooks(log.clone()))
-            .map_err(client_creation("producer"))?;
         let admin: AdminClient<DefaultClientContext> =
             admin_config(&config).create().map_err(client_creation("admin"))?;
-        let dedup = config.dedup.clone().map(|d| Dedup::open(d, &config.group_id)).transpose()?;
+        let handles = RuntimeHandles {
+            producer,
+            shutdown: CancellationToken::new(),
+            transactional: config.exactly_once_settings().is_some(),
+            max_output_bytes: max_message_bytes(&config)?,
+        };
         let shared = Shared {
             dedup,
             admin: Arc::new(admin),
@@ -169,7 +180,7 @@ impl<P: Processor> Pipeline<P> {
             processor,
             concurrency: Semaphore::new(config.bounds.max_concurrency),
             config,
-            handles: Arc::new(RuntimeHandles { producer, shutdown: CancellationToken::new() }),
+            handles: Arc::new(handles),
             stats,
             resume_hint: AtomicBool::new(false),
             poller: PollerWake::default(),
@@ -210,7 +221,12 @@ impl<P: Processor> Pipeline<P> {
         std::thread::Builder::new()
             .name("millrace-poll".into())
             .spawn(move || {
-                let result = PollLoop { shared, consumer: &consumer, stop }.run();
+                let result = match &consumer.context().transactions {
+                    // Fences earlier incarnations of this transactional id before consuming.
+                    Some(txn) => txn.init(&stop).map_err(Error::Transaction),
+                    None => Ok(()),
+                };
+                let result = result.and_then(|()| PollLoop { shared, consumer: &consumer, stop }.run());
                 drop(consumer); // leaves the group (runs the final revoke) before reporting
                 let _ = tx.send(result);
             })
@@ -256,7 +272,21 @@ fn consumer_config(config: &PipelineConfig) -> ClientConfig {
         .set("group.id", &config.group_id)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false");
+    if config.exactly_once_settings().is_some() {
+        // Never process another transaction's aborted or still-open records.
+        c.set("isolation.level", "read_committed");
+    }
     c
+}
+
+/// The producer's `message.max.bytes` (librdkafka's default 1,000,000 when unset).
+fn max_message_bytes(config: &PipelineConfig) -> Result<usize, Error> {
+    match config.producer.get("message.max.bytes").or_else(|| config.kafka.get("message.max.bytes")) {
+        None => Ok(1_000_000),
+        Some(v) => v.trim().parse().map_err(|_| {
+            Error::Config(ConfigError::new("message.max.bytes", format!("{v:?} is not a number of bytes")))
+        }),
+    }
 }
 
 fn admin_config(config: &PipelineConfig) -> ClientConfig {
@@ -275,6 +305,9 @@ fn producer_config(config: &PipelineConfig) -> ClientConfig {
         c.set(k, v);
     }
     c.set("bootstrap.servers", &config.bootstrap_servers);
+    if let (Some(eo), Some(id)) = (config.exactly_once_settings(), config.transactional_id()) {
+        c.set("transactional.id", id).set("transaction.timeout.ms", eo.transaction_timeout.as_millis().to_string());
+    }
     c
 }
 
@@ -379,12 +412,19 @@ impl<P: Processor> PollLoop<'_, P> {
                 result = Err(Error::Kafka(e));
                 break;
             }
+            if let Some(e) = self.hooks().transactions.as_ref().and_then(|t| t.take_fatal()) {
+                result = Err(Error::Transaction(e));
+                break;
+            }
             if paused && self.shared.resume_hint.swap(false, Relaxed) {
                 self.resume_drained();
             }
             if check_clock && Instant::now() >= next_commit {
                 self.flush(&mut batches);
-                self.commit_progress();
+                if let Err(e) = self.commit_progress() {
+                    result = Err(e);
+                    break;
+                }
                 if paused {
                     self.resume_drained();
                 }
@@ -473,8 +513,20 @@ impl<P: Processor> PollLoop<'_, P> {
         }
     }
 
-    /// Commits every owned partition whose completed prefix moved (asynchronously).
-    fn commit_progress(&self) {
+    /// Commits every owned partition whose completed prefix moved: asynchronously, or in a
+    /// transaction (exactly-once). An error stops the pipeline.
+    fn commit_progress(&self) -> Result<(), Error> {
+        if let Some(txn) = &self.hooks().transactions {
+            let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
+            return match txn.commit(self.consumer, &handles) {
+                TxnOutcome::Idle | TxnOutcome::Committed => Ok(()),
+                TxnOutcome::Aborted(rewind) => self.hooks().rewind(self.consumer, &rewind).map_err(Error::Transaction),
+                TxnOutcome::Fatal => Err(txn.take_fatal().map_or_else(
+                    || Error::Runtime("transactions stopped on a fatal error".into()),
+                    Error::Transaction,
+                )),
+            };
+        }
         let force = self.hooks().recommit.swap(false, Relaxed);
         let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
         let mut tpl = TopicPartitionList::new();
@@ -493,6 +545,7 @@ impl<P: Processor> PollLoop<'_, P> {
         } else {
             self.hooks().recommit.store(true, Relaxed);
         }
+        Ok(())
     }
 
     /// Stop: every partition task finishes its running and queued records until the drain deadline;
@@ -521,7 +574,11 @@ impl<P: Processor> PollLoop<'_, P> {
                     let _ = tpl.add_partition_offset(&h.topic, h.partition, Offset::Offset(offset));
                 }
             }
-            commit_now(self.consumer, &tpl, CommitMode::Sync, &self.shared.stats);
+            self.hooks().commit_released(self.consumer, &released, &tpl);
+        } else if self.hooks().transactions.is_some() {
+            for h in &released {
+                h.pending.discard(&self.shared.stats);
+            }
         }
         let s = &self.shared.stats;
         s.revocations.fetch_add(released.len() as u64, Relaxed);

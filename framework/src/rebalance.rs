@@ -4,10 +4,16 @@
 //! ones until the drain deadline, commit the completed prefix synchronously, and only then let
 //! librdkafka release them. Lost partitions (session expired) are dropped without a commit: another
 //! member owns them already. Assign: a fresh [`PartitionHandle`] with a new epoch per partition.
+//!
+//! Exactly-once: the revoke-time commit is a transaction carrying the revoked partitions' outputs
+//! and offsets (if it aborts, their uncommitted work is simply redone by the next owner); lost
+//! partitions' pending outputs are dropped. [`Hooks::rewind`] replaces a partition's task after an
+//! aborted transaction and seeks the consumer back to the last committed offset.
 
 use crate::kafka_log::KafkaLog;
 use crate::partition::PartitionHandle;
 use crate::stats::Stats;
+use crate::transaction::{Transactions, TxnOutcome};
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
@@ -72,6 +78,8 @@ pub(crate) struct Hooks {
     pub(crate) version: AtomicU64,
     /// Throttled logs, and the fatal error the poll loop stops on.
     pub(crate) log: Arc<KafkaLog>,
+    /// Exactly-once mode's transactions.
+    pub(crate) transactions: Option<Arc<Transactions>>,
 }
 
 impl Hooks {
@@ -98,6 +106,7 @@ impl Hooks {
         let stops: Vec<_> = handles.iter().map(|h| h.stop(false, deadline)).collect();
         if lost {
             tracing::warn!(pipeline = %self.name, partitions = handles.len(), "partitions lost; not committing (another member owns them)");
+            self.retire(&handles);
             return;
         }
         let mut commit = TopicPartitionList::new();
@@ -111,7 +120,75 @@ impl Hooks {
             }
         }
         tracing::info!(pipeline = %self.name, revoked = handles.len(), "partitions revoked");
-        commit_now(consumer, &commit, CommitMode::Sync, &self.stats);
+        self.commit_released(consumer, &handles, &commit);
+    }
+
+    /// Commits what released partitions completed: in a transaction (exactly-once; an abort leaves
+    /// their uncommitted work to the next owner) or as plain offsets.
+    pub(crate) fn commit_released(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        handles: &[Arc<PartitionHandle>],
+        offsets: &TopicPartitionList,
+    ) {
+        match &self.transactions {
+            Some(txn) => {
+                if let TxnOutcome::Aborted(_) = txn.commit(consumer, handles) {
+                    tracing::warn!(pipeline = %self.name, "transaction of released partitions aborted; their uncommitted work will be redone");
+                }
+                self.retire(handles);
+            }
+            None => {
+                commit_now(consumer, offsets, CommitMode::Sync, &self.stats);
+            }
+        }
+    }
+
+    /// Drops released partitions' pending outputs (exactly-once).
+    fn retire(&self, handles: &[Arc<PartitionHandle>]) {
+        for h in handles {
+            h.pending.discard(&self.stats);
+        }
+    }
+
+    /// Exactly-once, after an aborted transaction: replaces the task of each of `handles` still
+    /// owned by a fresh one (new epoch) and seeks the consumer back to its last committed offset,
+    /// so the records whose outputs were aborted are redone. An error means a partition could not
+    /// be rewound: committing anything further for it could skip records, so the caller stops.
+    pub(crate) fn rewind(&self, consumer: &BaseConsumer<Self>, handles: &[Arc<PartitionHandle>]) -> KafkaResult<()> {
+        let Some(start) = self.starter.get() else { return Ok(()) };
+        for old in handles {
+            let replaced = {
+                let mut a = self.lock();
+                match a.get(&old.topic, old.partition) {
+                    Some(current) if Arc::ptr_eq(current, old) => {
+                        a.remove(&old.topic, old.partition);
+                        a.insert(&old.topic, old.partition, start);
+                        self.version.fetch_add(1, Relaxed);
+                        true
+                    }
+                    _ => false, // revoked meanwhile: the next owner redoes it
+                }
+            };
+            // The old task drops its queued records and nothing reads its completions any more.
+            let _ = old.stop(false, Instant::now());
+            old.pending.discard(&self.stats);
+            if !replaced {
+                continue;
+            }
+            Stats::bump(&self.stats.rewinds);
+            if old.is_paused() {
+                self.stats.paused_partitions.fetch_sub(1, Relaxed);
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition(&old.topic, old.partition);
+                consumer.resume(&tpl)?;
+            }
+            if let Some(target) = old.rewind_target() {
+                consumer.seek(&old.topic, old.partition, Offset::Offset(target), Duration::from_secs(10))?;
+                tracing::info!(pipeline = %self.name, topic = %old.topic, partition = old.partition, offset = target, "rewound");
+            }
+        }
+        Ok(())
     }
 
     fn assign(&self, tpl: &TopicPartitionList) {

@@ -166,4 +166,9 @@ impl OutputRecord {
         self.partition = Some(partition);
         self
     }
+
+    /// Bytes this record holds (key, value, headers).
+    pub fn byte_len(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len) + self.value.as_ref().map_or(0, Vec::len) + self.headers.byte_len()
+    }
 }

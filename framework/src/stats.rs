@@ -29,6 +29,10 @@ pub struct Stats {
     pub(crate) commits: AtomicU64,
     pub(crate) commit_failures: AtomicU64,
     pub(crate) discarded_on_revoke: AtomicU64,
+    pub(crate) transactions_committed: AtomicU64,
+    pub(crate) transactions_aborted: AtomicU64,
+    pub(crate) transactions_injected_aborts: AtomicU64,
+    pub(crate) rewinds: AtomicU64,
 }
 
 /// A point-in-time copy of [`Stats`].
@@ -83,6 +87,14 @@ pub struct StatsSnapshot {
     pub commit_failures: u64,
     /// Queued records dropped (uncommitted, to be redelivered) because their partition was revoked.
     pub discarded_on_revoke: u64,
+    /// Exactly-once: transactions committed.
+    pub transactions_committed: u64,
+    /// Exactly-once: transactions aborted (errors and injected aborts).
+    pub transactions_aborted: u64,
+    /// Exactly-once: transactions aborted on purpose by `inject_abort_ratio`.
+    pub transactions_injected_aborts: u64,
+    /// Exactly-once: partitions rewound to their last committed offset after an abort.
+    pub rewinds: u64,
 }
 
 impl Stats {
@@ -113,6 +125,10 @@ impl Stats {
             commits: self.commits.load(Relaxed),
             commit_failures: self.commit_failures.load(Relaxed),
             discarded_on_revoke: self.discarded_on_revoke.load(Relaxed),
+            transactions_committed: self.transactions_committed.load(Relaxed),
+            transactions_aborted: self.transactions_aborted.load(Relaxed),
+            transactions_injected_aborts: self.transactions_injected_aborts.load(Relaxed),
+            rewinds: self.rewinds.load(Relaxed),
         }
     }
 

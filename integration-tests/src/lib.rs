@@ -294,6 +294,122 @@ pub struct ReadRecord {
     pub headers: millrace::record::Headers,
 }
 
+/// Which records a reader of a transactional topic sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// Everything written, including aborted and still-open transactions' records.
+    ReadUncommitted,
+    /// Only committed transactions' records (what downstream consumers of an exactly-once pipeline use).
+    ReadCommitted,
+}
+
+impl Isolation {
+    fn property(self) -> &'static str {
+        match self {
+            Isolation::ReadUncommitted => "read_uncommitted",
+            Isolation::ReadCommitted => "read_committed",
+        }
+    }
+}
+
+/// End offsets as a reader with `isolation` sees them: the high watermark, or for `ReadCommitted`
+/// the last stable offset (held back by any transaction still open). Keep one to query repeatedly.
+pub struct Watermarks {
+    consumer: BaseConsumer,
+}
+
+impl Watermarks {
+    /// A client reading with `isolation`.
+    pub fn new(isolation: Isolation) -> Result<Self> {
+        let consumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .set("isolation.level", isolation.property())
+            .create()?;
+        Ok(Self { consumer })
+    }
+
+    /// The end offset of each partition of `topic`.
+    pub fn ends(&self, topic: &str, partitions: i32) -> Result<BTreeMap<i32, i64>> {
+        (0..partitions).map(|p| Ok((p, self.consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?.1))).collect()
+    }
+}
+
+/// A reader of every partition of a topic from the beginning, in the given isolation; poll it
+/// repeatedly (it keeps up with a topic being written) or read to the end with [`read_topic_as`].
+pub struct TopicReader {
+    consumer: BaseConsumer,
+    partitions: usize,
+}
+
+impl TopicReader {
+    /// Assigns every partition of `topic` (which must exist) from its first offset.
+    pub fn new(topic: &str, isolation: Isolation) -> Result<Self> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            // librdkafka's assign() needs a group id even though nothing is committed.
+            .set("group.id", unique("reader"))
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "true")
+            .set("isolation.level", isolation.property())
+            .create()?;
+        let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let t = md.topics().first().filter(|t| t.error().is_none()).context("topic metadata")?;
+        let mut tpl = TopicPartitionList::new();
+        for p in t.partitions() {
+            tpl.add_partition_offset(topic, p.id(), Offset::Beginning)?;
+        }
+        consumer.assign(&tpl)?;
+        Ok(Self { consumer, partitions: t.partitions().len() })
+    }
+
+    /// Polls for up to `wait`; returns the records read and the partitions that reached their end.
+    pub fn poll(&self, wait: Duration) -> Result<(Vec<ReadRecord>, Vec<i32>)> {
+        use rdkafka::Message;
+        let mut records = Vec::new();
+        let mut at_end = Vec::new();
+        let deadline = Instant::now() + wait;
+        while let Some(msg) = self.consumer.poll(deadline.saturating_duration_since(Instant::now())) {
+            match msg {
+                Ok(msg) => records.push(ReadRecord {
+                    partition: msg.partition(),
+                    offset: msg.offset(),
+                    key: msg.key().map(<[u8]>::to_vec),
+                    value: msg.payload().map(<[u8]>::to_vec),
+                    headers: millrace::record::Headers::of_message(&msg),
+                }),
+                Err(rdkafka::error::KafkaError::PartitionEOF(p)) => at_end.push(p),
+                Err(e) => return Err(e.into()),
+            }
+            if records.len() >= 10_000 || Instant::now() >= deadline {
+                break;
+            }
+        }
+        Ok((records, at_end))
+    }
+}
+
+/// Reads `topic` from the beginning until every partition reports its end (for `ReadCommitted`,
+/// the last stable offset), within 60 s.
+pub fn read_topic_as(topic: &str, isolation: Isolation) -> Result<Vec<ReadRecord>> {
+    let reader = TopicReader::new(topic, isolation)?;
+    let mut out = Vec::new();
+    let mut ended = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ended.len() < reader.partitions {
+        if Instant::now() > deadline {
+            bail!(
+                "reading {topic}: only {} of {} partitions reached their end in 60 s",
+                ended.len(),
+                reader.partitions
+            );
+        }
+        let (records, at_end) = reader.poll(Duration::from_millis(200))?;
+        out.extend(records);
+        ended.extend(at_end);
+    }
+    Ok(out)
+}
+
 /// Reads every record of `topic` from the beginning to the end offsets at the time of the call.
 /// A missing topic reads as empty.
 pub fn read_topic(topic: &str) -> Result<Vec<ReadRecord>> {

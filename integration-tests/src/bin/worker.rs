@@ -2,10 +2,17 @@
 //! SIGTERM or SIGSTOP it. Its processor journals every record it handles (`partition offset key epoch`,
 //! one line per record, written with one `write` call so a kill leaves at most a torn last line) to a
 //! file outside Kafka, then returns: the journal is the independent record of effects.
+//!
+//! With `--output-topic` it is also a copier: every record is emitted to that topic with the same
+//! key and the value `<partition> <offset> <input value>`, in exactly-once mode with
+//! `--exactly-once`. Records whose value starts with `poison` fail permanently (→ DLQ).
 
 use anyhow::Result;
 use clap::Parser;
-use millrace::{Bounds, Context, DedupConfig, Ordering, Pipeline, PipelineConfig, ProcessError, Processor, Record};
+use millrace::{
+    Bounds, Context, DedupConfig, ExactlyOnce, Ordering, OutputRecord, Pipeline, PipelineConfig, ProcessError,
+    Processor, Record,
+};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
@@ -43,11 +50,24 @@ struct Args {
     /// Extra consumer properties, `key=value`.
     #[arg(long = "consumer-prop")]
     consumer_props: Vec<String>,
+    /// Copy every record to this topic.
+    #[arg(long)]
+    output_topic: Option<String>,
+    /// Exactly-once delivery (Kafka transactions).
+    #[arg(long)]
+    exactly_once: bool,
+    /// The transactional id (exactly-once).
+    #[arg(long)]
+    transactional_id: Option<String>,
+    /// Share of transactions aborted on purpose (exactly-once).
+    #[arg(long, default_value_t = 0.0)]
+    abort_ratio: f64,
 }
 
 struct Journaling {
     file: Mutex<File>,
     delay: (u64, u64),
+    output: Option<String>,
 }
 
 impl Processor for Journaling {
@@ -66,6 +86,17 @@ impl Processor for Journaling {
             idempotency_key.as_deref().unwrap_or("-")
         );
         self.file.lock().expect("journal lock").write_all(line.as_bytes()).map_err(ProcessError::transient)?;
+        let value = record.value.as_deref().unwrap_or_default();
+        if value.starts_with(b"poison") {
+            return Err(ProcessError::permanent("poison record"));
+        }
+        if let Some(topic) = &self.output {
+            let mut out = format!("{} {} ", record.partition, record.offset).into_bytes();
+            out.extend_from_slice(value);
+            let mut out = OutputRecord::to(topic).value(out);
+            out.key = record.key.clone();
+            ctx.emit(out).await?;
+        }
         Ok(())
     }
 }
@@ -98,19 +129,30 @@ async fn main() -> Result<()> {
     if let Some(dir) = &args.dedup_dir {
         config = config.dedup(DedupConfig::new(dir));
     }
+    if args.exactly_once {
+        let mut eo = ExactlyOnce::default().inject_abort_ratio(args.abort_ratio);
+        if let Some(id) = &args.transactional_id {
+            eo = eo.transactional_id(id);
+        }
+        config = config.exactly_once(eo).commit_interval(Duration::from_millis(args.commit_interval_ms));
+    }
     for prop in &args.consumer_props {
         let (k, v) = prop.split_once('=').ok_or_else(|| anyhow::anyhow!("--consumer-prop wants key=value"))?;
         config = config.consumer_property(k, v);
     }
     let file = OpenOptions::new().create(true).append(true).open(&args.journal)?;
-    let pipeline =
-        Pipeline::new(config, Journaling { file: Mutex::new(file), delay: (args.delay_min_ms, args.delay_max_ms) })?;
+    let processor = Journaling {
+        file: Mutex::new(file),
+        delay: (args.delay_min_ms, args.delay_max_ms),
+        output: args.output_topic.clone(),
+    };
+    let pipeline = Pipeline::new(config, processor)?;
     let stats = pipeline.stats();
     let summary = pipeline.run_until_signal().await?;
     // One machine-readable line for the parent test.
     let s = stats.snapshot();
     println!(
-        "SUMMARY processed={} failed={} drained={} in_flight_peak={} running_peak={} revocations={} assignments={} dedup_hits={}",
+        "SUMMARY processed={} failed={} drained={} in_flight_peak={} running_peak={} revocations={} assignments={} dedup_hits={} transactions={} aborted={}",
         summary.processed,
         summary.failed,
         summary.drained,
@@ -118,7 +160,9 @@ async fn main() -> Result<()> {
         s.running_peak,
         s.revocations,
         s.assignments,
-        s.dedup_hits
+        s.dedup_hits,
+        s.transactions_committed,
+        s.transactions_aborted
     );
     Ok(())
 }
