@@ -117,6 +117,7 @@ impl Copier<'_> {
         Ok(worker_command(WORKER, self.input, self.group, self.journal)
             .args(["--output-topic", self.output, "--delay-max-ms", "2", "--concurrency", "64"])
             .args(&self.extra)
+            .env("RUST_LOG", "error")
             .spawn()?)
     }
 }
@@ -163,16 +164,17 @@ async fn copier_under_kills(name: &str, n: usize, kills: usize, exactly_once: bo
     let reader = ConcurrentReader::start(&output)?;
     let committed_view = Watermarks::new(Isolation::ReadCommitted)?;
     let uncommitted_view = Watermarks::new(Isolation::ReadUncommitted)?;
-    let journal_len = || std::fs::metadata(&journal).map(|m| m.len()).unwrap_or(0);
+    // Progress: the input offsets the group committed.
+    let committed_total = || -> Result<i64> { Ok(committed_offsets(&group, &input, INPUT_PARTITIONS)?.values().sum()) };
 
     let mut child = copier.spawn()?;
     let mut kills_in_open_transaction = 0;
     for kill in 0..kills {
-        // Random progress between kills: 2–8% of the input's journal lines (~25 bytes each).
-        let grow = (n as u64 * 25) * rand::random_range(2..=8) / 100;
-        let target = journal_len() + grow;
-        eventually("the copier to make progress", Duration::from_secs(90), || {
-            Ok((journal_len() >= target).then_some(()))
+        // Random committed progress between kills (every incarnation commits something before it
+        // dies): 2–12% of the input.
+        let target = committed_total()? + (n as i64) * rand::random_range(2..=12) / 100;
+        eventually("the copier to commit progress", Duration::from_secs(90), || {
+            Ok((committed_total()? >= target).then_some(()))
         })
         .await?;
         if exactly_once && kill == 1 {
