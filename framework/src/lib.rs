@@ -11,11 +11,14 @@
 //! - [`context`]: what the processor sees; emitted outputs must be acknowledged before completion.
 //! - [`offsets`]: the completed prefix of each partition, which is what gets committed.
 //! - `rebalance` (internal): assign, revoke (drain, commit, release) and lost partitions.
+//! - `pending` and `transaction` (internal): exactly-once mode; completed records' outputs wait by
+//!   offset and commit with the input offsets in one Kafka transaction per commit interval.
 //! - [`config`], [`error`], [`record`], [`stats`], [`shutdown`]: the supporting pieces.
 //!
 //! ## Guarantees
 //! At-least-once with commit-after-effect (I1, I2), per-key order (I3), bounded memory (I4) and
-//! fencing of revoked work (I5); see `SEMANTICS.md` in the repository for the full contract.
+//! fencing of revoked work (I5); exactly-once results for Kafka-to-Kafka pipelines in
+[`Delivery::ExactlyOnce`]; see [`guarantees`] for what each promise means and which test checks it.
 //!
 //! ```no_run
 //! use millrace::{Context, Pipeline, PipelineConfig, ProcessError, Processor, Record};
