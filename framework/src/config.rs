@@ -199,8 +199,11 @@ pub struct PipelineConfig {
     pub ordering: Ordering,
     /// In-flight limits.
     pub bounds: Bounds,
-    /// How often the completed prefix is committed (also committed at revoke and shutdown).
+    /// How often the completed prefix is committed (also committed at revoke and shutdown). In
+    /// exactly-once mode, one transaction per interval.
     pub commit_interval: Duration,
+    /// Also commit as soon as this many records finished since the last commit (off by default).
+    pub commit_every_records: Option<u64>,
     /// How long a revoke or a shutdown waits for running records before committing what is done.
     /// Must stay below `max.poll.interval.ms` (and should stay below `session.timeout.ms`).
     pub drain_timeout: Duration,
@@ -240,6 +243,7 @@ impl PipelineConfig {
             ordering: Ordering::default(),
             bounds: Bounds::default(),
             commit_interval: Duration::from_secs(1),
+            commit_every_records: None,
             drain_timeout: Duration::from_secs(10),
             retry: RetryPolicy::default(),
             dlq: DlqConfig::default(),
@@ -278,6 +282,12 @@ impl PipelineConfig {
     /// Sets the commit interval.
     pub fn commit_interval(mut self, interval: Duration) -> Self {
         self.commit_interval = interval;
+        self
+    }
+
+    /// Also commits whenever `records` finished since the last commit.
+    pub fn commit_every_records(mut self, records: u64) -> Self {
+        self.commit_every_records = Some(records);
         self
     }
 
@@ -397,6 +407,9 @@ impl PipelineConfig {
         }
         if self.commit_interval.is_zero() {
             return Err(ConfigError::new("commit_interval", "must be above zero"));
+        }
+        if self.commit_every_records == Some(0) {
+            return Err(ConfigError::new("commit_every_records", "must be at least 1 when set"));
         }
         self.retry.validate()?;
         if self.dlq.enabled {
@@ -528,6 +541,7 @@ mod tests {
                 "bounds.max_in_flight_per_partition",
             ),
             (ok().commit_interval(Duration::ZERO), "commit_interval"),
+            (ok().commit_every_records(0), "commit_every_records"),
             (ok().dlq(DlqConfig { topic: "{topic} dead".into(), ..DlqConfig::default() }), "dlq.topic"),
             (ok().dlq(DlqConfig { topic: "t".into(), ..DlqConfig::default() }), "dlq.topic"),
             (

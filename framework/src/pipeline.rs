@@ -362,6 +362,11 @@ impl<P: Processor> PollLoop<'_, P> {
         tracing::info!(pipeline = %self.shared.config.name, ?topics, "subscribed");
         let interval = self.shared.config.commit_interval;
         let mut next_commit = Instant::now() + interval;
+        let every = self.shared.config.commit_every_records;
+        // Exactly-once: completed work moves into the open transaction this often.
+        let pump_interval = (interval / 10).clamp(Duration::from_millis(1), Duration::from_millis(10));
+        let mut next_pump = Instant::now() + pump_interval;
+        let mut completed_at_commit = 0;
         let mut batches = Batches::default();
         let mut cache = HandleCache::default();
         let mut result = Ok(());
@@ -419,7 +424,29 @@ impl<P: Processor> PollLoop<'_, P> {
             if paused && self.shared.resume_hint.swap(false, Relaxed) {
                 self.resume_drained();
             }
-            if check_clock && Instant::now() >= next_commit {
+            if let Some(txn) = &self.hooks().transactions {
+                let deferred = txn.take_deferred_rewinds();
+                if !deferred.is_empty()
+                    && let Err(e) = self.hooks().rewind(self.consumer, &deferred)
+                {
+                    result = Err(Error::Transaction(e));
+                    break;
+                }
+                if check_clock && Instant::now() >= next_pump {
+                    self.flush(&mut batches);
+                    let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
+                    if let Err(outcome) = txn.pump(&handles)
+                        && let Err(e) = self.after_transaction(outcome)
+                    {
+                        result = Err(e);
+                        break;
+                    }
+                    next_pump = Instant::now() + pump_interval;
+                }
+            }
+            let records_due = every.is_some_and(|n| self.completed().saturating_sub(completed_at_commit) >= n);
+            if records_due || (check_clock && Instant::now() >= next_commit) {
+                completed_at_commit = self.completed();
                 self.flush(&mut batches);
                 if let Err(e) = self.commit_progress() {
                     result = Err(e);
@@ -436,6 +463,12 @@ impl<P: Processor> PollLoop<'_, P> {
         let drained = self.shutdown(result.is_ok());
         let s = self.shared.stats.snapshot();
         result.map(|()| RunSummary { processed: s.processed, failed: s.failed, drained })
+    }
+
+    /// Records finished so far (processed, dead-lettered or skipped as duplicates).
+    fn completed(&self) -> u64 {
+        let s = &self.shared.stats;
+        s.processed.load(Relaxed) + s.dead_lettered.load(Relaxed) + s.dedup_hits.load(Relaxed)
     }
 
     /// Copies a polled message into its partition's batch, unless the partition is not owned
@@ -518,14 +551,7 @@ impl<P: Processor> PollLoop<'_, P> {
     fn commit_progress(&self) -> Result<(), Error> {
         if let Some(txn) = &self.hooks().transactions {
             let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
-            return match txn.commit(self.consumer, &handles) {
-                TxnOutcome::Idle | TxnOutcome::Committed => Ok(()),
-                TxnOutcome::Aborted(rewind) => self.hooks().rewind(self.consumer, &rewind).map_err(Error::Transaction),
-                TxnOutcome::Fatal => Err(txn.take_fatal().map_or_else(
-                    || Error::Runtime("transactions stopped on a fatal error".into()),
-                    Error::Transaction,
-                )),
-            };
+            return self.after_transaction(txn.commit(self.consumer, &handles));
         }
         let force = self.hooks().recommit.swap(false, Relaxed);
         let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
@@ -546,6 +572,20 @@ impl<P: Processor> PollLoop<'_, P> {
             self.hooks().recommit.store(true, Relaxed);
         }
         Ok(())
+    }
+
+    /// Acts on how a transaction step ended: rewinds after an abort, stops after a fatal error.
+    fn after_transaction(&self, outcome: TxnOutcome) -> Result<(), Error> {
+        match outcome {
+            TxnOutcome::Idle | TxnOutcome::Committed => Ok(()),
+            TxnOutcome::Aborted(rewind) => self.hooks().rewind(self.consumer, &rewind).map_err(Error::Transaction),
+            TxnOutcome::Fatal => Err(self
+                .hooks()
+                .transactions
+                .as_ref()
+                .and_then(|t| t.take_fatal())
+                .map_or_else(|| Error::Runtime("transactions stopped on a fatal error".into()), Error::Transaction)),
+        }
     }
 
     /// Stop: every partition task finishes its running and queued records until the drain deadline;

@@ -106,6 +106,11 @@ impl Hooks {
         let stops: Vec<_> = handles.iter().map(|h| h.stop(false, deadline)).collect();
         if lost {
             tracing::warn!(pipeline = %self.name, partitions = handles.len(), "partitions lost; not committing (another member owns them)");
+            if let Some(txn) = &self.transactions
+                && let TxnOutcome::Aborted(carried) = txn.drop_partitions(&handles)
+            {
+                txn.defer_rewind(carried);
+            }
             self.retire(&handles);
             return;
         }
@@ -133,8 +138,10 @@ impl Hooks {
     ) {
         match &self.transactions {
             Some(txn) => {
-                if let TxnOutcome::Aborted(_) = txn.commit(consumer, handles) {
+                if let TxnOutcome::Aborted(carried) = txn.commit(consumer, handles) {
                     tracing::warn!(pipeline = %self.name, "transaction of released partitions aborted; their uncommitted work will be redone");
+                    // Partitions still owned that were in it are rewound by the poll thread.
+                    txn.defer_rewind(carried);
                 }
                 self.retire(handles);
             }

@@ -4,14 +4,21 @@
 //! produced when they are emitted: a transaction committing then could carry the output of a record
 //! whose offset it does not commit (a crash would then repeat that output). Instead each completed
 //! record's outputs wait in its partition's [`PendingOutputs`](crate::pending::PendingOutputs), by
-//! offset. Every `commit_interval` the poll thread runs [`Transactions::commit`]:
+//! offset. The poll thread moves them into the open transaction every few milliseconds
+//! ([`Transactions::pump`]) and commits it every `commit_interval` ([`Transactions::commit`]):
 //!
-//! 1. per partition, read the committable offset `c` (the contiguous completed prefix) and take the
-//!    entries of offsets below `c`: exactly the records that offset commit, none still running;
-//! 2. `begin_transaction`, produce those outputs partition by partition in offset order (so per-key
-//!    order is kept in the output), plus a dedup changelog entry per recorded key;
-//! 3. `send_offsets_to_transaction` with the consumer's group metadata (so a zombie whose group
-//!    generation moved on is fenced by the group coordinator), then `commit_transaction`.
+//! 1. pump: per partition, read the committable offset `c` (the contiguous completed prefix) and
+//!    take the entries of offsets below `c`: exactly records that a commit of `c` covers, none still
+//!    running; begin a transaction if none is open, produce them in offset order (so per-key order is
+//!    kept in the output) plus a dedup changelog entry per recorded key, and remember `c`. The
+//!    committable offset only grows, so everything produced stays covered by the offset committed;
+//! 2. commit: pump once more, `send_offsets_to_transaction` with the remembered offsets and the
+//!    consumer's group metadata (so a zombie whose group generation moved on is refused by the group
+//!    coordinator), then `commit_transaction`, which only has to flush the tail.
+//!
+//! A partition lost (not revoked) while its outputs are in the open transaction aborts that
+//! transaction: its offsets must not be committed by this member any more, and sent outputs cannot
+//! be taken back.
 //!
 //! Errors: a retriable error is retried; an abortable one (or the test-only injected abort) aborts
 //! the transaction, and the caller rewinds the partitions it carried to their last committed offsets
@@ -23,7 +30,6 @@ use crate::config::ExactlyOnce;
 use crate::dedup_changelog::Dedup;
 use crate::kafka_log::Producer;
 use crate::partition::PartitionHandle;
-use crate::pending::Entry;
 use crate::rebalance::Hooks;
 use crate::record::OutputRecord;
 use crate::stats::Stats;
@@ -63,6 +69,10 @@ pub(crate) struct Transactions {
     name: String,
     /// The fatal error that stopped transactions, for the poll loop to report.
     fatal: Mutex<Option<KafkaError>>,
+    /// The transaction being filled (poll thread only; a mutex for the rebalance callbacks' sake).
+    open: Mutex<OpenTxn>,
+    /// Partitions to rewind once the poll thread is out of a rebalance callback.
+    rewind_later: Mutex<Vec<Arc<PartitionHandle>>>,
 }
 
 /// How to treat a failed transaction call.
@@ -81,11 +91,22 @@ fn classify(e: &KafkaError) -> Class {
     }
 }
 
-/// One partition's share of a transaction.
-struct Part {
+/// The transaction being filled between two commits.
+#[derive(Default)]
+struct OpenTxn {
+    began: bool,
+    /// Partitions with work in it, and the offset each commits (outputs were taken below it).
+    parts: Vec<(Arc<PartitionHandle>, i64)>,
+    /// Dedup keys whose changelog entries are in it.
+    keys: Vec<SentKey>,
+}
+
+/// A dedup key sent to the changelog in the open transaction.
+struct SentKey {
     handle: Arc<PartitionHandle>,
-    end: i64,
-    entries: Vec<Entry>,
+    key: Vec<u8>,
+    at: i64,
+    delivery: Option<DeliveryFuture>,
 }
 
 impl Transactions {
@@ -96,7 +117,16 @@ impl Transactions {
         settings: ExactlyOnce,
         name: String,
     ) -> Self {
-        Self { producer, stats, dedup, settings, name, fatal: Mutex::new(None) }
+        Self {
+            producer,
+            stats,
+            dedup,
+            settings,
+            name,
+            fatal: Mutex::new(None),
+            open: Mutex::default(),
+            rewind_later: Mutex::default(),
+        }
     }
 
     /// How long one transaction call may block.
@@ -132,73 +162,95 @@ impl Transactions {
         TxnOutcome::Fatal
     }
 
-    /// Commits, in one transaction, the completed prefix of each of `handles` with the outputs of
-    /// the records in it.
-    pub(crate) fn commit(&self, consumer: &BaseConsumer<Hooks>, handles: &[Arc<PartitionHandle>]) -> TxnOutcome {
+    fn open(&self) -> std::sync::MutexGuard<'_, OpenTxn> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves completed work of `handles` into the open transaction (beginning one if needed): the
+    /// kept entries of offsets below each partition's committable offset are produced now, and that
+    /// offset is remembered for the commit. Called often between commits, so that producing overlaps
+    /// processing and the commit itself only flushes the tail. `Err` when the transaction had to
+    /// be aborted (or failed fatally).
+    pub(crate) fn pump(&self, handles: &[Arc<PartitionHandle>]) -> Result<(), TxnOutcome> {
         if self.fatal.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
-            return TxnOutcome::Fatal;
+            return Err(TxnOutcome::Fatal);
         }
-        let parts: Vec<Part> = handles
-            .iter()
-            .filter_map(|h| {
-                let end = h.committable()?;
-                let entries = h.pending.take_below(end, &self.stats);
-                (!entries.is_empty() || h.commit_candidate().is_some()).then(|| Part {
-                    handle: h.clone(),
-                    end,
-                    entries,
-                })
-            })
-            .collect();
-        if parts.is_empty() {
-            return TxnOutcome::Idle;
-        }
-        let aborted = |parts: &[Part]| TxnOutcome::Aborted(parts.iter().map(|p| p.handle.clone()).collect());
-        let Some(group) = consumer.group_metadata() else {
-            tracing::warn!(pipeline = %self.name, "no consumer group metadata; transaction skipped");
-            return aborted(&parts);
-        };
-        Stats::bump(&self.stats.commits);
-        if let Err(e) = self.producer.begin_transaction() {
-            return match classify(&e) {
-                Class::Fatal => self.set_fatal(e),
-                _ => {
-                    tracing::warn!(pipeline = %self.name, error = %e, "begin_transaction failed");
-                    self.abort(&parts)
-                }
+        let mut open = self.open();
+        for h in handles {
+            let Some(end) = h.committable() else { continue };
+            let known = open.parts.iter().position(|(p, _)| Arc::ptr_eq(p, h));
+            let moved = match known {
+                Some(i) => open.parts[i].1 != end,
+                None => h.commit_candidate().is_some(),
             };
-        }
-        let now = crate::dlq::now_ms();
-        let mut changelog: Vec<(usize, usize, Option<DeliveryFuture>)> = Vec::new();
-        let mut offsets = TopicPartitionList::new();
-        for (pi, part) in parts.iter().enumerate() {
-            for (ei, entry) in part.entries.iter().enumerate() {
+            let entries = h.pending.take_below(end, &self.stats);
+            if entries.is_empty() && !moved {
+                continue;
+            }
+            if !open.began {
+                if let Err(e) = self.producer.begin_transaction() {
+                    return Err(match classify(&e) {
+                        Class::Fatal => self.set_fatal(e),
+                        _ => {
+                            tracing::warn!(pipeline = %self.name, error = %e, "begin_transaction failed");
+                            self.abort(&mut open)
+                        }
+                    });
+                }
+                open.began = true;
+                Stats::bump(&self.stats.commits);
+            }
+            match known {
+                Some(i) => open.parts[i].1 = end,
+                None => open.parts.push((h.clone(), end)),
+            }
+            let now = crate::dlq::now_ms();
+            for entry in entries {
                 for out in &entry.outputs {
                     if let Err(e) = self.send(out) {
                         tracing::warn!(pipeline = %self.name, topic = %out.topic, error = %e, "transactional produce failed");
-                        return self.abort(&parts);
+                        return Err(self.abort(&mut open));
                     }
                 }
-                if let (Some(key), Some(dedup)) = (&entry.dedup_key, &self.dedup) {
+                if let (Some(key), Some(dedup)) = (entry.dedup_key, &self.dedup) {
                     let delivery = if dedup.config.changelog {
-                        let out = dedup.changelog_entry(&part.handle.topic, part.handle.partition, key, now);
-                        match self.send(&out) {
+                        match self.send(&dedup.changelog_entry(&h.topic, h.partition, &key, now)) {
                             Ok(d) => Some(d),
                             Err(e) => {
                                 tracing::warn!(pipeline = %self.name, error = %e, "dedup changelog produce failed");
-                                return self.abort(&parts);
+                                return Err(self.abort(&mut open));
                             }
                         }
                     } else {
                         None
                     };
-                    changelog.push((pi, ei, delivery));
+                    open.keys.push(SentKey { handle: h.clone(), key, at: now, delivery });
                 }
             }
-            let _ = offsets.add_partition_offset(&part.handle.topic, part.handle.partition, Offset::Offset(part.end));
         }
-        if let Some(outcome) = self.retrying("send_offsets_to_transaction", &parts, || {
-            self.producer.send_offsets_to_transaction(&offsets, &group, self.call_timeout())
+        Ok(())
+    }
+
+    /// Commits the open transaction after moving the latest completed work of `handles` into it:
+    /// every partition in it commits the offset its outputs were taken below.
+    pub(crate) fn commit(&self, consumer: &BaseConsumer<Hooks>, handles: &[Arc<PartitionHandle>]) -> TxnOutcome {
+        if let Err(outcome) = self.pump(handles) {
+            return outcome;
+        }
+        let mut open = self.open();
+        if !open.began {
+            return TxnOutcome::Idle;
+        }
+        let Some(group) = consumer.group_metadata() else {
+            tracing::warn!(pipeline = %self.name, "no consumer group metadata; aborting the transaction");
+            return self.abort(&mut open);
+        };
+        let mut offsets = TopicPartitionList::new();
+        for (h, end) in &open.parts {
+            let _ = offsets.add_partition_offset(&h.topic, h.partition, Offset::Offset(*end));
+        }
+        if let Some(outcome) = self.retrying("send_offsets_to_transaction", &mut open, |p| {
+            p.send_offsets_to_transaction(&offsets, &group, self.call_timeout())
         }) {
             return outcome;
         }
@@ -206,19 +258,42 @@ impl Transactions {
         if ratio > 0.0 && rand::random::<f64>() < ratio {
             tracing::info!(pipeline = %self.name, "aborting this transaction on purpose (inject_abort_ratio)");
             Stats::bump(&self.stats.transactions_injected_aborts);
-            return self.abort(&parts);
+            return self.abort(&mut open);
         }
         if let Some(outcome) =
-            self.retrying("commit_transaction", &parts, || self.producer.commit_transaction(self.call_timeout()))
+            self.retrying("commit_transaction", &mut open, |p| p.commit_transaction(self.call_timeout()))
         {
             return outcome;
         }
         Stats::bump(&self.stats.transactions_committed);
-        for part in &parts {
-            part.handle.set_committed(part.end);
+        let done = std::mem::take(&mut *open);
+        drop(open);
+        for (h, end) in &done.parts {
+            h.set_committed(*end);
         }
-        self.record_dedup_keys(&parts, changelog, now);
+        self.record_dedup_keys(done.keys);
         TxnOutcome::Committed
+    }
+
+    /// Lost partitions (another member owns them now) must not commit anything: if the open
+    /// transaction carries any, it is aborted, and the other partitions it carried must be rewound.
+    pub(crate) fn drop_partitions(&self, lost: &[Arc<PartitionHandle>]) -> TxnOutcome {
+        let mut open = self.open();
+        if !open.parts.iter().any(|(p, _)| lost.iter().any(|l| Arc::ptr_eq(p, l))) {
+            return TxnOutcome::Idle;
+        }
+        tracing::warn!(pipeline = %self.name, "the open transaction carries lost partitions; aborting it");
+        self.abort(&mut open)
+    }
+
+    /// Partitions whose rewind had to wait (an abort inside a rebalance callback).
+    pub(crate) fn defer_rewind(&self, handles: Vec<Arc<PartitionHandle>>) {
+        self.rewind_later.lock().unwrap_or_else(|p| p.into_inner()).extend(handles);
+    }
+
+    /// Takes the partitions whose rewind was deferred.
+    pub(crate) fn take_deferred_rewinds(&self) -> Vec<Arc<PartitionHandle>> {
+        std::mem::take(&mut *self.rewind_later.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Runs a transaction call, retrying retriable errors. `None` when it succeeded; else how the
@@ -226,12 +301,12 @@ impl Transactions {
     fn retrying(
         &self,
         what: &str,
-        parts: &[Part],
-        mut call: impl FnMut() -> Result<(), KafkaError>,
+        open: &mut OpenTxn,
+        mut call: impl FnMut(&Producer) -> Result<(), KafkaError>,
     ) -> Option<TxnOutcome> {
         let mut attempt = 0;
         loop {
-            let e = match call() {
+            let e = match call(&self.producer) {
                 Ok(()) => return None,
                 Err(e) => e,
             };
@@ -244,14 +319,15 @@ impl Transactions {
                 }
                 _ => {
                     tracing::warn!(pipeline = %self.name, error = %e, "{what} failed; aborting the transaction");
-                    return Some(self.abort(parts));
+                    return Some(self.abort(open));
                 }
             }
         }
     }
 
     /// Aborts the open transaction; the partitions it carried must be rewound.
-    fn abort(&self, parts: &[Part]) -> TxnOutcome {
+    fn abort(&self, open: &mut OpenTxn) -> TxnOutcome {
+        let aborted = std::mem::take(open);
         Stats::bump(&self.stats.transactions_aborted);
         let started = Instant::now();
         let mut attempt = 0;
@@ -270,8 +346,8 @@ impl Transactions {
                 },
             }
         }
-        tracing::info!(pipeline = %self.name, partitions = parts.len(), took = ?started.elapsed(), "transaction aborted; rewinding");
-        TxnOutcome::Aborted(parts.iter().map(|p| p.handle.clone()).collect())
+        tracing::info!(pipeline = %self.name, partitions = aborted.parts.len(), took = ?started.elapsed(), "transaction aborted; rewinding");
+        TxnOutcome::Aborted(aborted.parts.into_iter().map(|(h, _)| h).collect())
     }
 
     /// Queues one output in the open transaction, waiting while the producer queue is full.
@@ -309,19 +385,16 @@ impl Transactions {
 
     /// After a commit: writes the transaction's dedup keys to the local store and forgets them as
     /// pending.
-    fn record_dedup_keys(&self, parts: &[Part], changelog: Vec<(usize, usize, Option<DeliveryFuture>)>, now: i64) {
+    fn record_dedup_keys(&self, keys: Vec<SentKey>) {
         let Some(dedup) = &self.dedup else { return };
-        for (pi, ei, delivery) in changelog {
-            let part = &parts[pi];
-            let Some(key) = &part.entries[ei].dedup_key else { continue };
+        for mut k in keys {
             // The commit flushed every message, so the delivery report is there.
-            let offset = delivery.and_then(|d| d.now_or_never()).and_then(|r| r.ok()?.ok()).map(|d| d.offset);
-            if let Err(e) = dedup.record_committed(&part.handle.topic, part.handle.partition, key, now, offset) {
+            let offset = k.delivery.take().and_then(|d| d.now_or_never());
+            let offset = offset.and_then(|r| r.ok()?.ok()).map(|d| d.offset);
+            if let Err(e) = dedup.record_committed(&k.handle.topic, k.handle.partition, &k.key, k.at, offset) {
                 tracing::warn!(pipeline = %self.name, error = %e, "dedup store write after commit failed");
             }
-        }
-        for part in parts {
-            part.handle.pending.settle(part.entries.iter().filter_map(|e| e.dedup_key.as_ref()));
+            k.handle.pending.settle([&k.key]);
         }
     }
 }

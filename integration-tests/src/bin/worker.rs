@@ -42,6 +42,9 @@ struct Args {
     total: usize,
     #[arg(long, default_value_t = 1_000)]
     commit_interval_ms: u64,
+    /// Also commit whenever this many records finished.
+    #[arg(long)]
+    commit_every_records: Option<u64>,
     #[arg(long, default_value_t = 10_000)]
     drain_timeout_ms: u64,
     /// Turn the dedup store on, with its RocksDB in this directory.
@@ -135,6 +138,9 @@ async fn main() -> Result<()> {
             eo = eo.transactional_id(id);
         }
         config = config.exactly_once(eo).commit_interval(Duration::from_millis(args.commit_interval_ms));
+    }
+    if let Some(n) = args.commit_every_records {
+        config = config.commit_every_records(n);
     }
     for prop in &args.consumer_props {
         let (k, v) = prop.split_once('=').ok_or_else(|| anyhow::anyhow!("--consumer-prop wants key=value"))?;
