@@ -53,7 +53,7 @@ pub const POISON_EVERY: u64 = 100;
 /// The header carrying each record's idempotency key (the dedup store's default).
 pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 /// Records of the default size per run, and with `--quick`.
-const RECORDS: u64 = 200_000;
+const RECORDS: u64 = 100_000;
 const QUICK_RECORDS: u64 = 20_000;
 /// Pause between runs, so that the previous run's clients are fully gone before the next starts.
 const SETTLE: Duration = Duration::from_millis(500);
