@@ -31,6 +31,9 @@ pub struct ReportArgs {
     /// The commit measured, quoted in the report.
     #[arg(long, default_value = "")]
     commit: String,
+    /// Hand-written notes appended to the report (what limits a missed target), if the file exists.
+    #[arg(long, default_value = "benches/notes.md")]
+    notes: PathBuf,
     /// A TrueType font for the chart's text [default: DejaVu Sans or the first .ttf found under
     /// /usr/share/fonts].
     #[arg(long, env = "MILLRACE_CHART_FONT")]
@@ -335,6 +338,11 @@ fn render(results: &Results, args: &ReportArgs, chart_note: Option<&str>) -> Str
         );
     }
     md.push_str(METHOD);
+    if let Ok(notes) = std::fs::read_to_string(&args.notes) {
+        let _ = writeln!(md, "\n## Notes\n\n<!-- From {}, written by hand. -->\n", args.notes.display());
+        md.push_str(notes.trim_end());
+        md.push('\n');
+    }
     md
 }
 
