@@ -401,7 +401,7 @@ fn fmt2(v: Option<f64>) -> String {
 /// The chart's path as the Markdown file should link it: relative to the Markdown file's directory
 /// when the chart is under it.
 fn chart_path_for(markdown: &Path, chart: &Path) -> String {
-    let base = markdown.parent().unwrap_or(Path::new(""));
+    let base = markdown.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
     let (base, chart_abs) = (abs(base), abs(chart));
     chart_abs.strip_prefix(&base).map_or_else(|_| chart.display().to_string(), |p| p.display().to_string())
