@@ -230,25 +230,52 @@ async fn measure_all(plan: &Plan, groups: &mut Vec<String>) -> anyhow::Result<Ve
 
 /// The baseline: a plain `BaseConsumer` that stores every offset after a no-op. Blocking.
 fn run_raw(plan: &Plan, group: &str) -> anyhow::Result<Measurement> {
-    let (records, timeout) = (plan.records(), plan.run_timeout);
+    drain_raw(&RawDrain {
+        bootstrap: &plan.bootstrap,
+        topic: &plan.topic,
+        group,
+        records: plan.records(),
+        timeout: plan.run_timeout,
+        consumer_properties: &plan.consumer_properties,
+    })
+}
+
+/// What [`drain_raw`] reads, and how.
+pub(crate) struct RawDrain<'a> {
+    pub(crate) bootstrap: &'a str,
+    pub(crate) topic: &'a str,
+    /// A fresh group, so the topic is read from the beginning.
+    pub(crate) group: &'a str,
+    /// Records to consume before the clock stops.
+    pub(crate) records: u64,
+    pub(crate) timeout: Duration,
+    /// Extra consumer properties (after the defaults, before the owned ones).
+    pub(crate) consumer_properties: &'a [(String, String)],
+}
+
+/// The raw rdkafka drain (`core`'s baseline, the `compare` benchmark's C0): a `BaseConsumer` that
+/// polls every record, does nothing with it and stores its offset (committed in the background by
+/// `enable.auto.commit`). Timed from just before `subscribe` to the N-th record. Blocking.
+pub(crate) fn drain_raw(d: &RawDrain<'_>) -> anyhow::Result<Measurement> {
+    let (records, timeout) = (d.records, d.timeout);
     let mut config = ClientConfig::new();
     config
         .set("partition.assignment.strategy", "cooperative-sticky")
         .set("fetch.queue.backoff.ms", "20")
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false");
-    for (k, v) in &plan.consumer_properties {
+    for (k, v) in d.consumer_properties {
         config.set(k, v);
     }
     let consumer: BaseConsumer = config
-        .set("bootstrap.servers", &plan.bootstrap)
-        .set("group.id", group)
+        .set("bootstrap.servers", d.bootstrap)
+        .set("group.id", d.group)
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")
         .create()
         .context("creating the raw consumer")?;
     let clock = Stopwatch::start();
-    consumer.subscribe(&[&plan.topic]).context("subscribing the raw consumer")?;
+    consumer.subscribe(&[d.topic]).context("subscribing the raw consumer")?;
     let mut consumed = 0u64;
     let mut first_record = None;
     while consumed < records {

@@ -73,7 +73,7 @@ const CHECK_EVERY: Duration = Duration::from_millis(2);
 /// Pause between runs, so that the previous run's clients are fully gone before the next starts.
 const SETTLE: Duration = Duration::from_millis(500);
 /// One record in this many repeats an earlier idempotency key in the duplicates workload.
-const DUPLICATE_EVERY: u64 = 10;
+pub(crate) const DUPLICATE_EVERY: u64 = 10;
 /// The ratio dedup/nodedup the dedup store should reach.
 const TARGET_RATIO: f64 = 0.85;
 
@@ -138,7 +138,7 @@ impl Side {
 
 /// The two pre-loaded topics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Workload {
+pub(crate) enum Workload {
     /// Every record has its own idempotency key.
     #[value(name = "0pct")]
     Unique,
@@ -485,7 +485,7 @@ async fn measure_all(plan: &Plan, groups: &mut Vec<String>, topics: &mut Vec<Str
 
 /// Loads one workload's topic: unique idempotency keys, or one record in [`DUPLICATE_EVERY`] repeating
 /// the Kafka key and idempotency key of an earlier non-duplicate record. Blocking.
-fn load_workload(
+pub(crate) fn load_workload(
     bootstrap: &str,
     topic: &str,
     spec: LoadSpec,

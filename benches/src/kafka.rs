@@ -5,6 +5,7 @@ use rand::RngExt;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
@@ -19,6 +20,9 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(300);
 pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}-{:016x}", rand::rng().random::<u64>())
 }
+
+/// The admin client the benchmarks use.
+pub type Admin = AdminClient<DefaultClientContext>;
 
 /// An admin client for creating and deleting the benchmark's topic and groups.
 pub fn admin(bootstrap: &str) -> anyhow::Result<AdminClient<DefaultClientContext>> {
@@ -75,6 +79,23 @@ pub async fn clean_up_all(admin: &AdminClient<DefaultClientContext>, topics: &[S
         }
         Err(e) => eprintln!("warning: deleting groups: {e}"),
     }
+}
+
+/// The sum of the high watermarks of `topic`'s partitions `0..partitions`: the records it holds when it
+/// is not transactional (for a transactional topic the commit markers count too). Blocking.
+pub fn end_offsets_sum(bootstrap: &str, topic: &str, partitions: i32) -> anyhow::Result<u64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .context("creating the consumer that reads end offsets")?;
+    let mut sum = 0;
+    for partition in 0..partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, partition, ADMIN_TIMEOUT)
+            .with_context(|| format!("reading the end offset of {topic}/{partition}"))?;
+        sum += (high - low).max(0) as u64;
+    }
+    Ok(sum)
 }
 
 /// What to pre-load into the topic.

@@ -25,6 +25,12 @@
 //! - `memory`: the peak resident memory of a process draining a 5,000,000-record backlog with
 //!   default bounds, measured in a child process; see [`memory_bench`].
 //!
+//! - `compare`: the end-to-end workloads of the benchmark suite (raw rdkafka drain, pipe and
+//!   transactional pipe; Millrace at-least-once, with dedup, with poison records, exactly-once; Kafka
+//!   Streams) with the ratios that have targets; see [`compare`].
+//! - `report`: writes `BENCHMARKS.md` and its chart from the `RESULT` lines of `compare`, `slow` and
+//!   `memory` (what `scripts/bench` runs); see [`report`].
+//!
 //! `slow` and `memory` have no baseline: `slow` compares its configurations (run round-robin, the
 //! same way) with an ideal computed from the sleeps it recorded, `memory` reports an absolute peak.
 //!
@@ -32,11 +38,13 @@
 //! is optimised); `--quick` is a smoke run small enough for CI. The brokers are taken from
 //! `KAFKA_BOOTSTRAP_SERVERS` (default `127.0.0.1:9092`); set `RUST_LOG` to see the clients' logs.
 
+mod compare;
 mod core_bench;
 mod dedup_bench;
 mod kafka;
 mod measure;
 mod memory_bench;
+mod report;
 mod slow_bench;
 
 use clap::{Parser, Subcommand};
@@ -64,6 +72,13 @@ enum Command {
     /// Peak resident memory of a pipeline (default bounds, no-op processor) draining a large backlog,
     /// run in a child process.
     Memory(memory_bench::MemoryArgs),
+    /// Millrace against the raw rdkafka limit and Kafka Streams, end to end: C0, P0, Pt(i), F_alos,
+    /// F_eos(i), F_dedup, F_dlq and Kafka Streams (at_least_once, exactly_once_v2), in interleaved
+    /// rounds, with the ratios that have targets.
+    Compare(compare::CompareArgs),
+    /// Writes BENCHMARKS.md and its PNG chart from the logs of `compare`, `slow` and `memory` (what
+    /// `scripts/bench` runs and saves).
+    Report(report::ReportArgs),
     /// The child process of `memory` (internal).
     #[command(hide = true)]
     MemoryChild(memory_bench::MemoryChildArgs),
@@ -72,7 +87,9 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn,millrace::dead_letter=error")),
+        )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
@@ -80,6 +97,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Dedup(args) => dedup_bench::run(args).await,
         Command::Slow(args) => slow_bench::run(args).await,
         Command::Memory(args) => memory_bench::run(args).await,
+        Command::Compare(args) => compare::run(args).await,
+        Command::Report(args) => report::run(args),
         Command::MemoryChild(args) => memory_bench::run_child(args).await,
     }
 }

@@ -17,6 +17,20 @@ pub fn process_cpu() -> Duration {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
+/// CPU time (user + system) used so far by every child process this process has waited for
+/// (`getrusage(RUSAGE_CHILDREN)`): the difference around one child's life is that child's CPU time.
+#[allow(unsafe_code)] // getrusage has no safe wrapper in std or libc
+pub fn children_cpu() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: as in `process_cpu`: `usage` is valid for writes of one `rusage` and zero-initialised.
+    let usage = unsafe {
+        libc::getrusage(libc::RUSAGE_CHILDREN, usage.as_mut_ptr());
+        usage.assume_init()
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1_000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
 /// Clock ticks per second of `/proc`'s CPU times (`USER_HZ`).
 #[allow(unsafe_code)] // sysconf has no safe wrapper in std or libc
 fn clock_ticks_per_second() -> f64 {

@@ -1,0 +1,183 @@
+//! The Millrace workloads: F_alos, F_dedup, F_dlq and the slot for F_eos.
+//!
+//! Each is a [`Pipeline`] in key order with default bounds, a fresh group, and [`PassThrough`], which
+//! emits the record's key and value to the output topic with `ctx.emit` (the record completes when
+//! the output is acknowledged). A run is timed from spawning [`Pipeline::run`] until the counters say
+//! every input record is done (checked every 2 ms), like `core`'s Millrace side; pipeline construction
+//! and the graceful stop are not timed.
+
+use crate::measure::{Measurement, Stopwatch};
+use anyhow::Context as _;
+use millrace::{
+    Context, DedupConfig, OutputRecord, Pipeline, PipelineConfig, ProcessError, Processor, Record, StatsSnapshot,
+};
+use std::path::Path;
+use std::time::Duration;
+
+/// How often a run checks the pipeline's counters.
+const CHECK_EVERY: Duration = Duration::from_millis(2);
+
+/// Emits each record's key and value to `output`; with `poison_every`, fails permanently (so the
+/// record goes to the DLQ) for the records whose idempotency key number `n` (header
+/// `idempotency-key: ik-<n>`, written by the loader) satisfies `n % poison_every == poison_every - 1`.
+pub struct PassThrough {
+    pub output: String,
+    pub poison_every: Option<u64>,
+}
+
+impl Processor for PassThrough {
+    async fn process(&self, record: &Record, ctx: &Context) -> Result<(), ProcessError> {
+        if let Some(every) = self.poison_every
+            && is_poison(record, every)
+        {
+            return Err(ProcessError::permanent("poison record (benchmark)"));
+        }
+        let mut out = OutputRecord::to(self.output.as_str());
+        out.key = record.key.clone();
+        out.value = record.value.clone();
+        ctx.emit(out).await?;
+        Ok(())
+    }
+}
+
+/// Whether the loader marked `record` as poison (see [`PassThrough`]).
+pub fn is_poison(record: &Record, every: u64) -> bool {
+    record
+        .headers
+        .get(super::IDEMPOTENCY_HEADER)
+        .and_then(|v| std::str::from_utf8(v).ok()?.strip_prefix("ik-")?.parse::<u64>().ok())
+        .is_some_and(|n| n % every == every - 1)
+}
+
+/// What kind of Millrace run.
+#[derive(Debug, Clone, Copy)]
+pub enum Mode<'a> {
+    /// At-least-once, nothing else on.
+    Alos,
+    /// The dedup store on, in a fresh RocksDB directory.
+    Dedup(&'a Path),
+    /// Poison records dead-lettered.
+    Dlq { poison_every: u64 },
+    /// Exactly-once with a transaction every interval.
+    Eos(Duration),
+}
+
+/// Why a workload did not run.
+#[derive(Debug)]
+pub enum NotRun {
+    /// The feature is not in this build (the workload is reported as not available).
+    Unavailable(String),
+    /// It ran and failed.
+    Failed(anyhow::Error),
+}
+
+impl From<anyhow::Error> for NotRun {
+    fn from(e: anyhow::Error) -> Self {
+        NotRun::Failed(e)
+    }
+}
+
+impl From<millrace::Error> for NotRun {
+    fn from(e: millrace::Error) -> Self {
+        NotRun::Failed(e.into())
+    }
+}
+
+/// One Millrace run.
+pub struct Run<'a> {
+    pub bootstrap: &'a str,
+    pub input: &'a str,
+    pub output: &'a str,
+    pub group: &'a str,
+    pub records: u64,
+    pub timeout: Duration,
+    pub mode: Mode<'a>,
+}
+
+// ------------------------------------------------------------------------------------------------
+// F_EOS SLOT: the one place that wires Millrace's exactly-once mode into the benchmarks.
+// ------------------------------------------------------------------------------------------------
+/// The configuration of an exactly-once pipeline that commits a Kafka transaction (outputs plus the
+/// consumed offsets) every `interval`, built on `config` (the F_alos configuration: key order, default
+/// bounds, fresh group); `Err(reason)` while this build of Millrace has no such mode, which reports
+/// the F_eos workloads, and the ratios that involve them, as "not available".
+///
+/// To wire it: return `Ok(config.<the exactly-once setting>(interval))`. The run is then driven like
+/// F_alos and counted done when `StatsSnapshot::processed` reaches the record count (see
+/// [`done_when`]): if records count as processed before their transaction commits, make `done_when`
+/// wait for the commit too, so that F_eos, like Pt and Kafka Streams' exactly_once_v2, stops the
+/// clock when the last output is committed. Nothing else needs to change: `compare` already runs
+/// F_eos(100 ms) next to Pt(100 ms) and Streams eos_v2, F_eos(1 s) next to Pt(1 s), and reports
+/// F_eos/Pt, F_eos/Streams and F_dedup/F_eos against their targets.
+pub fn exactly_once(config: PipelineConfig, interval: Duration) -> Result<PipelineConfig, String> {
+    let _ = (config, interval);
+    Err("Millrace has no exactly-once mode in this build yet (compare::millrace_side::exactly_once)".into())
+}
+
+/// When a run is done: every input record accounted for by the pipeline's counters.
+fn done_when(mode: Mode<'_>, s: &StatsSnapshot, records: u64) -> bool {
+    match mode {
+        Mode::Alos | Mode::Eos(_) => s.processed >= records,
+        Mode::Dedup(_) => s.processed + s.dedup_hits >= records,
+        Mode::Dlq { .. } => s.processed + s.dead_lettered >= records,
+    }
+}
+
+/// Builds and drives one pipeline; returns its measurement and a line on its counters.
+pub async fn run(r: &Run<'_>) -> Result<(Measurement, String), NotRun> {
+    let config = PipelineConfig::new(r.bootstrap, r.group, [r.input]).ordering(millrace::Ordering::Key);
+    let (config, poison_every) = match r.mode {
+        Mode::Alos => (config, None),
+        Mode::Dedup(dir) => (config.dedup(DedupConfig::new(dir)), None),
+        Mode::Dlq { poison_every } => (config, Some(poison_every)),
+        Mode::Eos(interval) => (exactly_once(config, interval).map_err(NotRun::Unavailable)?, None),
+    };
+    let pipeline = Pipeline::new(config, PassThrough { output: r.output.to_owned(), poison_every })?;
+    let stats = pipeline.stats();
+    let stop = pipeline.shutdown_token();
+    let clock = Stopwatch::start();
+    let mut running = tokio::spawn(pipeline.run());
+    let mut first_record = None;
+    let (elapsed, cpu, end) = loop {
+        let s = stats.snapshot();
+        if done_when(r.mode, &s, r.records) {
+            let (elapsed, cpu) = clock.stop();
+            break (elapsed, cpu, s);
+        }
+        if first_record.is_none() && s.polled > 0 {
+            first_record = Some(clock.elapsed());
+        }
+        if running.is_finished() {
+            let outcome = (&mut running).await.context("joining the pipeline")?;
+            return Err(NotRun::Failed(anyhow::anyhow!(
+                "the pipeline stopped before it was done ({s:?}): {outcome:?}"
+            )));
+        }
+        if clock.elapsed() > r.timeout {
+            stop.cancel();
+            let _ = running.await;
+            return Err(NotRun::Failed(anyhow::anyhow!("not done after {:?}; counters {s:?}", r.timeout)));
+        }
+        tokio::time::sleep(CHECK_EVERY).await;
+    };
+    stop.cancel();
+    let summary = running.await.context("joining the pipeline")?.context("the pipeline")?;
+    if summary.failed > 0 {
+        return Err(NotRun::Failed(anyhow::anyhow!("{} records failed", summary.failed)));
+    }
+    if let Mode::Dlq { poison_every } = r.mode
+        && end.dead_lettered != r.records / poison_every
+    {
+        let expected = r.records / poison_every;
+        return Err(NotRun::Failed(anyhow::anyhow!(
+            "{} records dead-lettered, expected {expected}",
+            end.dead_lettered
+        )));
+    }
+    let note = format!(
+        "in flight peak {}, running peak {}, {} commits, {} dedup hits, {} dead-lettered",
+        end.in_flight_peak, end.running_peak, end.commits, end.dedup_hits, end.dead_lettered
+    );
+    let m = Measurement { records: r.records, elapsed, first_record: first_record.unwrap_or_default(), cpu };
+    Ok((m, note))
+}

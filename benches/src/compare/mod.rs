@@ -1,0 +1,555 @@
+//! The `compare` benchmark: Millrace against the raw rdkafka limit and Kafka Streams, end to end.
+//!
+//! # Workloads
+//! See [`workload::Workload`]: C0 (raw drain), P0 (raw consume -> produce pipe), Pt(100 ms) and
+//! Pt(1 s) (the pipe in transactions), F_alos (Millrace, a processor emitting one output), F_dedup
+//! (dedup store on; 0% and 10% duplicates), F_dlq (1% poison records), F_eos(100 ms) and F_eos(1 s)
+//! (Millrace exactly-once: reported "not available" until [`millrace_side::exactly_once`] is wired),
+//! and Kafka Streams at_least_once and exactly_once_v2 (a child JVM, see [`streams`]).
+//!
+//! # Input
+//! For each record size (`--value-size`, default 100 B, and `--large-value-size`, default 1 KiB), a
+//! fresh topic of `--partitions` partitions (4) is loaded with the size's record count, keys drawn
+//! uniformly over `--keys` (10,000), before any timing. Every record carries an `idempotency-key`
+//! header `ik-<n>`, unique per record (the dedup store's input); the records with `n % 100 == 99` are
+//! F_dlq's poison (1%). F_dedup(10%) reads a second topic where every tenth record repeats an earlier
+//! record's key and idempotency key (as `dedup` loads it). Every workload except C0 writes a fresh
+//! output topic (same partition count) per run, created before its clock starts and deleted after.
+//!
+//! # Method
+//! A round runs every workload once, in [`Workload::ALL`]'s order, which puts the two sides of each
+//! targeted ratio next to each other; the next round runs them in reverse, so neither side of a pair
+//! always goes first: A B A B … over `--pairs` rounds (default 3). Each run uses a fresh consumer
+//! group and reads its topic from the beginning. The clock starts before the group join, as in
+//! `core`; CPU time is the process's own (`getrusage(RUSAGE_SELF)` deltas for the in-process Rust
+//! workloads; the JVM's own process CPU time over its timed window for Kafka Streams, whose whole
+//! process's CPU from `getrusage(RUSAGE_CHILDREN)` is reported too). A run is done when every input
+//! record's output is acknowledged (at-least-once) or committed (transactions); Millrace's runs are
+//! done by its counters (processed + dedup hits + dead-lettered), checked every 2 ms.
+//!
+//! The report gives, per size and workload, the median records/s with the min-max range and the
+//! median CPU seconds per million records, and for each ratio the ratio of the medians, the range of
+//! the per-round ratios and the ratio of CPU per record, next to its target. `RESULT compare-*`
+//! lines carry the same for `report`, which writes `BENCHMARKS.md`.
+
+mod millrace_side;
+mod raw;
+mod streams;
+pub mod workload;
+
+use crate::core_bench::{RawDrain, drain_raw, load_average};
+use crate::dedup_bench::{self, DUPLICATE_EVERY};
+use crate::kafka::{self, LoadSpec, TopicArgs};
+use crate::measure::{Measurement, Summary};
+use anyhow::{Context as _, bail};
+use millrace_side::{Mode, NotRun};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+use workload::{ALOS_COMMIT, RATIOS, STREAMS_EOS_COMMIT_MS, Workload};
+
+/// One record in this many is poison in F_dlq (1%).
+pub const POISON_EVERY: u64 = 100;
+/// The header carrying each record's idempotency key (the dedup store's default).
+pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+/// Records of the default size per run, and with `--quick`.
+const RECORDS: u64 = 100_000;
+const QUICK_RECORDS: u64 = 20_000;
+/// Pause between runs, so that the previous run's clients are fully gone before the next starts.
+const SETTLE: Duration = Duration::from_millis(500);
+
+/// Options of the `compare` benchmark.
+#[derive(Debug, clap::Args)]
+pub struct CompareArgs {
+    #[command(flatten)]
+    topic: TopicArgs,
+    /// Bytes per value of the second record size; 0 for none (the default with --quick).
+    #[arg(long)]
+    large_value_size: Option<usize>,
+    /// Records per run of the second size [default: --records / 4].
+    #[arg(long)]
+    large_records: Option<u64>,
+    /// Rounds, each running every workload once (alternately forward and in reverse) [default: 3, 1
+    /// with --quick].
+    #[arg(long)]
+    pairs: Option<usize>,
+    /// Workloads to run, comma-separated [default: all]: c0, p0, pt-100ms, pt-1s, f-alos, f-eos-100ms,
+    /// f-eos-1s, f-dedup-0, f-dedup-10, f-dlq, streams-alos, streams-eos.
+    #[arg(long, value_delimiter = ',')]
+    workloads: Vec<Workload>,
+    /// Directory of the built Kafka Streams peer (streams-peer.jar and lib/); without it the Streams
+    /// workloads are reported as not available.
+    #[arg(long, env = "MILLRACE_STREAMS_PEER")]
+    streams_peer: Option<PathBuf>,
+    /// Fail a run that has not finished after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    run_timeout_secs: u64,
+}
+
+/// One record size and its input topics.
+#[derive(Debug, Clone)]
+struct Size {
+    load: LoadSpec,
+    /// Unique idempotency keys (every workload but F_dedup(10%)).
+    input: String,
+    /// 10% duplicate idempotency keys, when F_dedup(10%) runs.
+    duplicates: Option<String>,
+}
+
+/// Resolved settings.
+#[derive(Debug)]
+struct Plan {
+    bootstrap: String,
+    partitions: i32,
+    sizes: Vec<Size>,
+    pairs: usize,
+    workloads: Vec<Workload>,
+    streams_peer: Option<PathBuf>,
+    run_timeout: Duration,
+    /// Holds the dedup runs' RocksDB stores; removed at the end.
+    store_dir: PathBuf,
+}
+
+/// What a finished run measured.
+#[derive(Debug, Clone)]
+struct Done {
+    m: Measurement,
+    note: String,
+    /// The whole process's CPU time, for workloads run as a child process.
+    process_cpu: Option<Duration>,
+}
+
+/// Every run's outcome, by (size index, workload), in round order.
+#[derive(Debug, Default)]
+struct Results {
+    runs: BTreeMap<(usize, Workload), Vec<Result<Done, String>>>,
+    unavailable: BTreeMap<Workload, String>,
+}
+
+/// Runs the `compare` benchmark and prints its report.
+pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
+    let quick = args.topic.quick;
+    let main = args.topic.load(RECORDS, QUICK_RECORDS);
+    let large_size = args.large_value_size.unwrap_or(if quick { 0 } else { 1024 });
+    let workloads = if args.workloads.is_empty() {
+        Workload::ALL.to_vec()
+    } else {
+        Workload::ALL.into_iter().filter(|w| args.workloads.contains(w)).collect()
+    };
+    let mut loads = vec![main];
+    if large_size > 0 {
+        let records = args.large_records.unwrap_or(main.records / 4).max(1);
+        loads.push(LoadSpec { records, value_size: large_size, ..main });
+    }
+    let dup_needed = workloads.iter().any(|w| w.reads_duplicates());
+    let plan = Plan {
+        bootstrap: args.topic.bootstrap(),
+        partitions: args.topic.partitions,
+        sizes: loads
+            .into_iter()
+            .map(|load| Size {
+                load,
+                input: kafka::unique_name(&format!("millrace-bench-cmp-{}b", load.value_size)),
+                duplicates: dup_needed
+                    .then(|| kafka::unique_name(&format!("millrace-bench-cmp-{}b-dup", load.value_size))),
+            })
+            .collect(),
+        pairs: args.pairs.unwrap_or(if quick { 1 } else { 3 }),
+        workloads,
+        streams_peer: args.streams_peer,
+        run_timeout: Duration::from_secs(args.run_timeout_secs),
+        store_dir: std::env::temp_dir().join(kafka::unique_name("millrace-bench-cmp-dedup")),
+    };
+    if plan.pairs == 0 || plan.partitions < 1 || plan.sizes.iter().any(|s| s.load.records < POISON_EVERY) {
+        bail!("--pairs and --partitions must be at least 1, and --records at least {POISON_EVERY}");
+    }
+    print_header(&plan);
+    let admin = kafka::admin(&plan.bootstrap)?;
+    let mut topics = Vec::new();
+    let mut groups = Vec::new();
+    let result = measure_all(&plan, &admin, &mut topics, &mut groups).await;
+    kafka::clean_up_all(&admin, &topics, &groups).await;
+    let _ = std::fs::remove_dir_all(&plan.store_dir);
+    let results = result?;
+    let failed = report(&plan, &results);
+    if failed > 0 {
+        bail!("{failed} run(s) failed (see above)");
+    }
+    Ok(())
+}
+
+fn print_header(plan: &Plan) {
+    let sizes: Vec<String> =
+        plan.sizes.iter().map(|s| format!("{} records x {} B", s.load.records, s.load.value_size)).collect();
+    println!(
+        "compare: {}; {} keys, {} partitions, {} round(s), brokers {}, {} CPUs, load average {}",
+        sizes.join(" and "),
+        plan.sizes[0].load.keys,
+        plan.partitions,
+        plan.pairs,
+        plan.bootstrap,
+        std::thread::available_parallelism().map_or(0, usize::from),
+        load_average(),
+    );
+    for w in &plan.workloads {
+        println!("  {:<15} {}", w.label(), w.describe());
+    }
+    println!(
+        "RESULT compare-setup records={} large_records={} value_sizes={} keys={} partitions={} pairs={} workloads={}",
+        plan.sizes[0].load.records,
+        plan.sizes.get(1).map_or(0, |s| s.load.records),
+        plan.sizes.iter().map(|s| s.load.value_size.to_string()).collect::<Vec<_>>().join(","),
+        plan.sizes[0].load.keys,
+        plan.partitions,
+        plan.pairs,
+        plan.workloads.iter().map(|w| w.slug()).collect::<Vec<_>>().join(","),
+    );
+}
+
+/// Loads the inputs, then runs the rounds, printing each run as it ends.
+async fn measure_all(
+    plan: &Plan,
+    admin: &kafka::Admin,
+    topics: &mut Vec<String>,
+    groups: &mut Vec<String>,
+) -> anyhow::Result<Results> {
+    for size in &plan.sizes {
+        for (topic, duplicates) in [(Some(&size.input), false), (size.duplicates.as_ref(), true)] {
+            let Some(topic) = topic else { continue };
+            kafka::create_topic(admin, topic, plan.partitions).await?;
+            topics.push(topic.clone());
+            let (bootstrap, topic2, spec) = (plan.bootstrap.clone(), topic.clone(), size.load);
+            let workload = if duplicates { dedup_bench::Workload::Duplicates } else { dedup_bench::Workload::Unique };
+            let took = tokio::task::spawn_blocking(move || {
+                dedup_bench::load_workload(&bootstrap, &topic2, spec, workload, IDEMPOTENCY_HEADER)
+            })
+            .await??;
+            println!(
+                "loaded {} records of {} B{} into {topic} in {:.2} s",
+                spec.records,
+                spec.value_size,
+                if duplicates { " (10% repeating an earlier idempotency key)" } else { "" },
+                took.as_secs_f64()
+            );
+        }
+        if plan.workloads.contains(&Workload::FDlq) {
+            // Created before timing: the pipeline would otherwise create it during its first run.
+            let dlq = format!("{}.dlq", size.input);
+            kafka::create_topic(admin, &dlq, plan.partitions).await?;
+            topics.push(dlq);
+        }
+    }
+    std::fs::create_dir_all(&plan.store_dir).context("creating the dedup stores' directory")?;
+
+    let mut results = Results::default();
+    for (index, size) in plan.sizes.iter().enumerate() {
+        println!();
+        println!("{} B values, {} records per run:", size.load.value_size, size.load.records);
+        println!(
+            "{:>5}  {:<15}  {:>11}  {:>12}  {:>9}  {:>10}  {:>7}  {:>7}",
+            "round", "workload", "records/s", "steady rec/s", "elapsed s", "1st rec s", "cpu s", "cpu s/M"
+        );
+        for round in 1..=plan.pairs {
+            let mut order = plan.workloads.clone();
+            if round % 2 == 0 {
+                order.reverse();
+            }
+            for workload in order {
+                if results.unavailable.contains_key(&workload) {
+                    continue;
+                }
+                tokio::time::sleep(SETTLE).await;
+                let group = kafka::unique_name(&format!("millrace-bench-cmp-{}", workload.slug()));
+                let outcome = run_one(plan, admin, size, workload, &group, topics).await;
+                if !matches!(outcome, Err(NotRun::Unavailable(_))) {
+                    groups.push(group);
+                }
+                match outcome {
+                    Ok(done) => {
+                        let m = &done.m;
+                        println!(
+                            "{round:>5}  {:<15}  {:>11.0}  {:>12.0}  {:>9.3}  {:>10.3}  {:>7.2}  {:>7.2}",
+                            workload.label(),
+                            m.rps(),
+                            m.steady_rps(),
+                            m.elapsed.as_secs_f64(),
+                            m.first_record.as_secs_f64(),
+                            m.cpu.as_secs_f64(),
+                            m.cpu_s_per_m(),
+                        );
+                        println!("{:>5}  {:<15}  {}", "", "", done.note);
+                        results.runs.entry((index, workload)).or_default().push(Ok(done));
+                    }
+                    Err(NotRun::Unavailable(why)) => {
+                        println!("{round:>5}  {:<15}  not available: {why}", workload.label());
+                        results.unavailable.insert(workload, why);
+                    }
+                    Err(NotRun::Failed(e)) => {
+                        println!("{round:>5}  {:<15}  FAILED: {e:#}", workload.label());
+                        results.runs.entry((index, workload)).or_default().push(Err(format!("{e:#}")));
+                    }
+                }
+            }
+        }
+    }
+    Ok(results)
+}
+
+/// One run of `workload` on `size`'s input, with its own group and output topic.
+async fn run_one(
+    plan: &Plan,
+    admin: &kafka::Admin,
+    size: &Size,
+    workload: Workload,
+    group: &str,
+    topics: &mut Vec<String>,
+) -> Result<Done, NotRun> {
+    let group = group.to_owned();
+    let output = kafka::unique_name("millrace-bench-cmp-out");
+    if workload.has_output() {
+        kafka::create_topic(admin, &output, plan.partitions).await?;
+    }
+    let input = if workload.reads_duplicates() { size.duplicates.as_deref() } else { Some(size.input.as_str()) }
+        .context("the duplicates topic was not loaded")?;
+    let records = size.load.records;
+    let (bootstrap, timeout) = (plan.bootstrap.as_str(), plan.run_timeout);
+    let millrace =
+        |mode| millrace_side::Run { bootstrap, input, output: &output, group: &group, records, timeout, mode };
+    let pipe = |transactions: Option<Duration>| {
+        let (bootstrap, input, output, group) = (bootstrap.to_owned(), input.to_owned(), output.clone(), group.clone());
+        tokio::task::spawn_blocking(move || {
+            raw::run(&raw::Pipe {
+                bootstrap: &bootstrap,
+                input: &input,
+                output: &output,
+                group: &group,
+                records,
+                timeout,
+                transactions,
+                commit_interval: ALOS_COMMIT,
+            })
+        })
+    };
+    let streams = |guarantee: &'static str, commit_interval: Duration| {
+        let peer = plan.streams_peer.clone();
+        let (bootstrap, input, output, group) = (bootstrap.to_owned(), input.to_owned(), output.clone(), group.clone());
+        tokio::task::spawn_blocking(move || {
+            streams::run(&streams::Peer {
+                dir: peer.as_deref(),
+                bootstrap: &bootstrap,
+                input: &input,
+                output: &output,
+                group: &group,
+                records,
+                timeout,
+                guarantee,
+                commit_interval,
+            })
+        })
+    };
+    let simple = |(m, note): (Measurement, String)| Done { m, note, process_cpu: None };
+    let joined = |e: tokio::task::JoinError| NotRun::Failed(e.into());
+    let outcome = match workload {
+        Workload::C0 => {
+            let (bootstrap, input, group) = (bootstrap.to_owned(), input.to_owned(), group.clone());
+            tokio::task::spawn_blocking(move || {
+                drain_raw(&RawDrain {
+                    bootstrap: &bootstrap,
+                    topic: &input,
+                    group: &group,
+                    records,
+                    timeout,
+                    consumer_properties: &[],
+                })
+            })
+            .await
+            .map_err(joined)?
+            .map(|m| Done { m, note: "drained and discarded".into(), process_cpu: None })
+            .map_err(NotRun::Failed)
+        }
+        Workload::P0 => pipe(None)
+            .await
+            .map_err(joined)?
+            .map(|m| Done { m, note: "outputs acknowledged".into(), process_cpu: None })
+            .map_err(NotRun::Failed),
+        Workload::Pt { ms } => pipe(Some(Duration::from_millis(ms)))
+            .await
+            .map_err(joined)?
+            .map(|m| Done { m, note: "last transaction committed".into(), process_cpu: None })
+            .map_err(NotRun::Failed),
+        Workload::FAlos => millrace_side::run(&millrace(Mode::Alos)).await.map(simple),
+        Workload::FEos { ms } => millrace_side::run(&millrace(Mode::Eos(Duration::from_millis(ms)))).await.map(simple),
+        Workload::FDlq => millrace_side::run(&millrace(Mode::Dlq { poison_every: POISON_EVERY })).await.map(simple),
+        Workload::FDedup { .. } => {
+            topics.push(millrace::dedup::changelog_topic(&group));
+            let dir = plan.store_dir.join(&group);
+            let outcome = millrace_side::run(&millrace(Mode::Dedup(&dir))).await.map(simple);
+            let _ = std::fs::remove_dir_all(&dir);
+            outcome
+        }
+        Workload::StreamsAlos | Workload::StreamsEos => {
+            let (guarantee, interval) = if workload == Workload::StreamsAlos {
+                ("at_least_once", ALOS_COMMIT)
+            } else {
+                ("exactly_once_v2", Duration::from_millis(STREAMS_EOS_COMMIT_MS))
+            };
+            let done = streams(guarantee, interval).await.map_err(joined)?;
+            done.map(|(m, note, cpu)| Done { m, note, process_cpu: Some(cpu) })
+        }
+    };
+    let outcome = match (outcome, workload.expected_outputs(records)) {
+        (Ok(mut done), Some(expected)) => {
+            let (bootstrap2, output2, partitions) = (bootstrap.to_owned(), output.clone(), plan.partitions);
+            let found = tokio::task::spawn_blocking(move || kafka::end_offsets_sum(&bootstrap2, &output2, partitions))
+                .await
+                .map_err(joined)??;
+            if found != expected {
+                Err(NotRun::Failed(anyhow::anyhow!("{found} outputs in {output}, expected {expected}")))
+            } else {
+                done.note.push_str(&format!("; {found} outputs"));
+                Ok(done)
+            }
+        }
+        (outcome, _) => outcome,
+    };
+    if workload.has_output() {
+        kafka::clean_up_all(admin, std::slice::from_ref(&output), &[]).await;
+    }
+    outcome
+}
+
+/// Per-workload medians and per-ratio figures, printed and as `RESULT` lines. Returns how many runs
+/// failed.
+fn report(plan: &Plan, results: &Results) -> usize {
+    let ok_runs = |index: usize, w: Workload| -> Vec<&Done> {
+        results
+            .runs
+            .get(&(index, w))
+            .map(|runs| runs.iter().filter_map(|r| r.as_ref().ok()).collect())
+            .unwrap_or_default()
+    };
+    let mut failed = 0;
+    for (index, size) in plan.sizes.iter().enumerate() {
+        let bytes = size.load.value_size;
+        println!();
+        println!("summary, {bytes} B values, {} records per run (median, min-max):", size.load.records);
+        println!(
+            "{:<15}  {:>11}  {:>23}  {:>12}  {:>19}  {:>14}",
+            "workload", "records/s", "min-max records/s", "steady rec/s", "cpu s/M (min-max)", "process cpu s/M"
+        );
+        for &w in &plan.workloads {
+            let runs = ok_runs(index, w);
+            let failures: Vec<&String> = results
+                .runs
+                .get(&(index, w))
+                .map(|r| r.iter().filter_map(|r| r.as_ref().err()).collect())
+                .unwrap_or_default();
+            failed += failures.len();
+            let rps = Summary::of(runs.iter().map(|d| d.m.rps()));
+            let steady = Summary::of(runs.iter().map(|d| d.m.steady_rps()));
+            let cpu = Summary::of(runs.iter().map(|d| d.m.cpu_s_per_m()));
+            let process =
+                Summary::of(runs.iter().filter_map(|d| Some(d.process_cpu?.as_secs_f64() / d.m.records as f64 * 1e6)));
+            let status = if results.unavailable.contains_key(&w) {
+                "unavailable"
+            } else if !failures.is_empty() {
+                "failed"
+            } else {
+                "ok"
+            };
+            match (rps, steady, cpu) {
+                (Some(r), Some(st), Some(c)) => {
+                    println!(
+                        "{:<15}  {:>11.0}  {:>23}  {:>12.0}  {:>19}  {:>14}",
+                        w.label(),
+                        r.median,
+                        format!("{:.0}-{:.0}", r.min, r.max),
+                        st.median,
+                        format!("{:.2} ({:.2}-{:.2})", c.median, c.min, c.max),
+                        process.map_or_else(|| "-".to_owned(), |p| format!("{:.2}", p.median)),
+                    );
+                    println!(
+                        "RESULT compare-workload size={bytes} workload={} records={} runs={} rps={:.0} rps_min={:.0} \
+                         rps_max={:.0} steady_rps={:.0} cpu_s_per_m={:.3} cpu_min={:.3} cpu_max={:.3} \
+                         process_cpu_s_per_m={} status={status}",
+                        w.slug(),
+                        size.load.records,
+                        runs.len(),
+                        r.median,
+                        r.min,
+                        r.max,
+                        st.median,
+                        c.median,
+                        c.min,
+                        c.max,
+                        process.map_or_else(|| "na".to_owned(), |p| format!("{:.3}", p.median)),
+                    );
+                }
+                _ => {
+                    let why = results.unavailable.get(&w).cloned().or_else(|| failures.first().map(|f| f.to_string()));
+                    println!("{:<15}  {status}: {}", w.label(), why.unwrap_or_default());
+                    println!("RESULT compare-workload size={bytes} workload={} runs=0 status={status}", w.slug());
+                }
+            }
+        }
+        println!();
+        for ratio in RATIOS {
+            if !plan.workloads.contains(&ratio.a) || !plan.workloads.contains(&ratio.b) {
+                continue;
+            }
+            let (a, b) = (ok_runs(index, ratio.a), ok_runs(index, ratio.b));
+            let median = |runs: &[&Done], f: fn(&Measurement) -> f64| Summary::of(runs.iter().map(|d| f(&d.m)));
+            let (Some(ra), Some(rb), Some(ca), Some(cb)) = (
+                median(&a, Measurement::rps),
+                median(&b, Measurement::rps),
+                median(&a, Measurement::cpu_s_per_m),
+                median(&b, Measurement::cpu_s_per_m),
+            ) else {
+                let missing: BTreeSet<String> = [ratio.a, ratio.b]
+                    .into_iter()
+                    .filter(|w| results.unavailable.contains_key(w) || ok_runs(index, *w).is_empty())
+                    .map(|w| w.label())
+                    .collect();
+                println!(
+                    "{:<32}  not available ({} not measured){}",
+                    ratio.label(),
+                    missing.into_iter().collect::<Vec<_>>().join(", "),
+                    if ratio.at_least.is_some() { format!("; target {}", ratio.target_text()) } else { String::new() },
+                );
+                println!("RESULT compare-ratio size={bytes} ratio={} verdict=na", ratio.slug());
+                continue;
+            };
+            let value = ra.median / rb.median;
+            let steady = median(&a, Measurement::steady_rps)
+                .zip(median(&b, Measurement::steady_rps))
+                .map_or(f64::NAN, |(x, y)| x.median / y.median);
+            let cpu_ratio = ca.median / cb.median;
+            // Per-round ratios: the runs of one round were back to back.
+            let per_round = Summary::of(a.iter().zip(&b).map(|(x, y)| x.m.rps() / y.m.rps())).expect("non-empty");
+            let verdict = match ratio.verdict(value, cpu_ratio) {
+                Some(true) => "met",
+                Some(false) => "not-met",
+                None => "info",
+            };
+            println!(
+                "{:<32}  {value:.3} (rounds {:.3}-{:.3}; steady {steady:.3}), CPU per record {cpu_ratio:.2}x{}",
+                ratio.label(),
+                per_round.min,
+                per_round.max,
+                match ratio.at_least {
+                    Some(_) => format!("; target {}: {}", ratio.target_text(), verdict.replace('-', " ")),
+                    None => String::new(),
+                },
+            );
+            println!(
+                "RESULT compare-ratio size={bytes} ratio={} value={value:.3} min={:.3} max={:.3} steady={steady:.3} \
+                 cpu_ratio={cpu_ratio:.3} verdict={verdict}",
+                ratio.slug(),
+                per_round.min,
+                per_round.max,
+            );
+        }
+    }
+    println!("load average {}", load_average());
+    failed
+}
