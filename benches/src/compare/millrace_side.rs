@@ -9,7 +9,7 @@
 use crate::measure::{Measurement, Stopwatch};
 use anyhow::Context as _;
 use millrace::{
-    Context, DedupConfig, OutputRecord, Pipeline, PipelineConfig, ProcessError, Processor, Record, StatsSnapshot,
+    Context, DedupConfig, ExactlyOnce, OutputRecord, Pipeline, PipelineConfig, ProcessError, Processor, Record, StatsSnapshot,
 };
 use std::path::Path;
 use std::time::Duration;
@@ -94,30 +94,26 @@ pub struct Run<'a> {
     pub mode: Mode<'a>,
 }
 
-// ------------------------------------------------------------------------------------------------
-// F_EOS SLOT: the one place that wires Millrace's exactly-once mode into the benchmarks.
-// ------------------------------------------------------------------------------------------------
 /// The configuration of an exactly-once pipeline that commits a Kafka transaction (outputs plus the
-/// consumed offsets) every `interval`, built on `config` (the F_alos configuration: key order, default
-/// bounds, fresh group); `Err(reason)` while this build of Millrace has no such mode, which reports
-/// the F_eos workloads, and the ratios that involve them, as "not available".
-///
-/// To wire it: return `Ok(config.<the exactly-once setting>(interval))`. The run is then driven like
-/// F_alos and counted done when `StatsSnapshot::processed` reaches the record count (see
-/// [`done_when`]): if records count as processed before their transaction commits, make `done_when`
-/// wait for the commit too, so that F_eos, like Pt and Kafka Streams' exactly_once_v2, stops the
-/// clock when the last output is committed. Nothing else needs to change: `compare` already runs
-/// F_eos(100 ms) next to Pt(100 ms) and Streams eos_v2, F_eos(1 s) next to Pt(1 s), and reports
-/// F_eos/Pt, F_eos/Streams and F_dedup/F_eos against their targets.
+/// consumed offsets) every `interval`, built on `config` (the F_alos configuration).
 pub fn exactly_once(config: PipelineConfig, interval: Duration) -> Result<PipelineConfig, String> {
-    let _ = (config, interval);
-    Err("Millrace has no exactly-once mode in this build yet (compare::millrace_side::exactly_once)".into())
+    let id = format!("{}-bench", config.group_id);
+    Ok(config.exactly_once(ExactlyOnce::default().transactional_id(id)).commit_interval(interval))
 }
 
-/// When a run is done: every input record accounted for by the pipeline's counters.
-fn done_when(mode: Mode<'_>, s: &StatsSnapshot, records: u64) -> bool {
+/// When a run is done: every input record accounted for by the pipeline's counters. Exactly-once
+/// records count only once committed: the clock stops at the second transaction committed after the
+/// last record was processed (the first may have begun before it), like Pt and Streams' eos_v2 stop
+/// at the commit of the last output. `eos_goal` remembers that transaction count.
+fn done_when(mode: Mode<'_>, s: &StatsSnapshot, records: u64, eos_goal: &mut Option<u64>) -> bool {
     match mode {
-        Mode::Alos | Mode::Eos(_) => s.processed >= records,
+        Mode::Alos => s.processed >= records,
+        Mode::Eos(_) => {
+            if s.processed >= records && eos_goal.is_none() {
+                *eos_goal = Some(s.transactions_committed + 2);
+            }
+            eos_goal.is_some_and(|goal| s.transactions_committed >= goal)
+        }
         Mode::Dedup(_) => s.processed + s.dedup_hits >= records,
         Mode::Dlq { .. } => s.processed + s.dead_lettered >= records,
     }
@@ -138,9 +134,10 @@ pub async fn run(r: &Run<'_>) -> Result<(Measurement, String), NotRun> {
     let clock = Stopwatch::start();
     let mut running = tokio::spawn(pipeline.run());
     let mut first_record = None;
+    let mut eos_goal = None;
     let (elapsed, cpu, end) = loop {
         let s = stats.snapshot();
-        if done_when(r.mode, &s, r.records) {
+        if done_when(r.mode, &s, r.records, &mut eos_goal) {
             let (elapsed, cpu) = clock.stop();
             break (elapsed, cpu, s);
         }
