@@ -12,6 +12,8 @@
 //! - [`offsets`]: the completed prefix of each partition, which is what gets committed.
 //! - `rebalance` (internal): assign, revoke (drain, commit, release) and lost partitions.
 //! - [`config`], [`error`], [`record`], [`stats`], [`shutdown`]: the supporting pieces.
+//! - [`typed`] and [`codec`]: typed processors decode the value before the processor sees it;
+//!   [`avro`] with a [`schema_registry`] is the codec for Avro in the Confluent wire format.
 //!
 //! ## Guarantees
 //! At-least-once with commit-after-effect (I1, I2), per-key order (I3), bounded memory (I4) and
@@ -38,6 +40,7 @@
 //! ```
 
 mod attempt;
+pub mod avro;
 mod breaker;
 pub mod codec;
 pub mod config;
@@ -61,6 +64,7 @@ mod produce;
 mod rebalance;
 pub mod record;
 pub mod retry;
+pub mod schema_registry;
 pub mod shutdown;
 pub mod stats;
 pub mod typed;
