@@ -211,17 +211,15 @@ impl Avro {
 }
 
 impl<T: DeserializeOwned + Send> Decode<T> for Avro {
-    fn decode(&self, bytes: Option<&[u8]>) -> impl Future<Output = Result<T, CodecError>> + Send {
-        async move {
-            let (id, body) = wire::split(bytes.ok_or(CodecError::Missing)?)?;
-            let decoder = &self.registry.inner.decoder;
-            let writer = decoder.get_schema(id).await.map_err(|e| self.registry.error(e, Some(id), None))?;
-            let value = self.read(&writer.parsed, id, body)?;
-            apache_avro::from_value::<T>(&value).map_err(|e| CodecError::Invalid {
-                codec: "avro",
-                message: format!("schema id {id}: the record does not fit the reader's type: {e}"),
-            })
-        }
+    async fn decode(&self, bytes: Option<&[u8]>) -> Result<T, CodecError> {
+        let (id, body) = wire::split(bytes.ok_or(CodecError::Missing)?)?;
+        let decoder = &self.registry.inner.decoder;
+        let writer = decoder.get_schema(id).await.map_err(|e| self.registry.error(e, Some(id), None))?;
+        let value = self.read(&writer.parsed, id, body)?;
+        apache_avro::from_value::<T>(&value).map_err(|e| CodecError::Invalid {
+            codec: "avro",
+            message: format!("schema id {id}: the record does not fit the reader's type: {e}"),
+        })
     }
 }
 

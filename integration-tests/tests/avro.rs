@@ -221,6 +221,9 @@ async fn schema_evolution_works_in_both_directions() -> Result<()> {
     Ok(())
 }
 
+/// A poison record: case name, value, the schema id expected in the DLQ header.
+type PoisonCase = (&'static str, Option<Vec<u8>>, Option<u32>);
+
 /// Counts what it processed; Avro orders (V1 reader).
 struct Orders {
     seen: watch::Sender<Vec<i64>>,
@@ -254,8 +257,7 @@ async fn avro_poison_corpus_lands_in_the_dlq_once_with_bytes_and_schema_id() -> 
     wrong_magic[0] = 1;
     let mut trailing = good.clone();
     trailing.extend_from_slice(b"garbage");
-    // (case, value, schema id expected in the DLQ header)
-    let cases: Vec<(&str, Option<Vec<u8>>, Option<u32>)> = vec![
+    let cases: Vec<PoisonCase> = vec![
         ("wrong-magic-byte", Some(wrong_magic), None),
         ("json-not-avro", Some(br#"{"id": 1}"#.to_vec()), None),
         ("unknown-schema-id", Some(wire::frame(unknown_id, body)), Some(unknown_id)),
