@@ -24,6 +24,8 @@
 //!   [`slow_bench`].
 //! - `memory`: the peak resident memory of a process draining a 5,000,000-record backlog with
 //!   default bounds, measured in a child process; see [`memory_bench`].
+//! - `codec`: decode+encode per second of the JSON and Avro codecs on ~1 KB records, in process, no
+//!   broker; see [`codec_bench`].
 //!
 //! `slow` and `memory` have no baseline: `slow` compares its configurations (run round-robin, the
 //! same way) with an ideal computed from the sleeps it recorded, `memory` reports an absolute peak.
@@ -32,6 +34,7 @@
 //! is optimised); `--quick` is a smoke run small enough for CI. The brokers are taken from
 //! `KAFKA_BOOTSTRAP_SERVERS` (default `127.0.0.1:9092`); set `RUST_LOG` to see the clients' logs.
 
+mod codec_bench;
 mod core_bench;
 mod dedup_bench;
 mod kafka;
@@ -64,6 +67,9 @@ enum Command {
     /// Peak resident memory of a pipeline (default bounds, no-op processor) draining a large backlog,
     /// run in a child process.
     Memory(memory_bench::MemoryArgs),
+    /// Decode+encode throughput of the JSON and Avro codecs on ~1 KB records, in process (Avro schema
+    /// cached; registry from SCHEMA_REGISTRY_URL or the in-process test double).
+    Codec(codec_bench::CodecArgs),
     /// The child process of `memory` (internal).
     #[command(hide = true)]
     MemoryChild(memory_bench::MemoryChildArgs),
@@ -80,6 +86,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Dedup(args) => dedup_bench::run(args).await,
         Command::Slow(args) => slow_bench::run(args).await,
         Command::Memory(args) => memory_bench::run(args).await,
+        Command::Codec(args) => codec_bench::run(args).await,
         Command::MemoryChild(args) => memory_bench::run_child(args).await,
     }
 }

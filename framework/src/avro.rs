@@ -85,6 +85,7 @@ pub enum SubjectStrategy {
 pub struct Avro {
     registry: SchemaRegistry,
     encoder: Arc<AvroEncoder>,
+    readers: Arc<Readers>,
     reader: Arc<Schema>,
     raw: Arc<str>,
     full_name: Option<String>,
@@ -117,6 +118,7 @@ impl Avro {
         Ok(Self {
             registry: registry.clone(),
             encoder: Arc::new(registry.encoder()),
+            readers: Arc::default(),
             reader: Arc::new(parsed),
             raw: schema.into(),
             full_name,
@@ -195,9 +197,9 @@ impl Avro {
             codec: "avro",
             message: format!("schema id {id}: {what}: {e}"),
         };
-        let reader = GenericDatumReader::builder(writer)
-            .reader_schema(&self.reader)
-            .build()
+        let reader = self
+            .readers
+            .get(id, writer, &self.reader)
             .map_err(|e| invalid("the writer schema cannot be resolved against the reader schema", &e))?;
         let mut rest = body;
         let value =
@@ -230,5 +232,41 @@ impl<T: Serialize + Sync> Encode<T> for Avro {
             let encoded = self.encoder.encode_struct(value, &strategy).await;
             encoded.map_err(|e| self.registry.error(e, None, Some(&self.encoder)))
         }
+    }
+}
+
+/// One datum reader per writer schema id, built once: building one resolves both schemas' named
+/// types, which otherwise costs more than decoding a 1 KB record. A reader borrows its schemas for
+/// `'static`, so the schemas are leaked — once per codec (reader) and once per codec and writer id
+/// that decoded successfully, a bounded set (ids must exist in the registry), as
+/// `schema_registry_converter` does for its own resolved schemas.
+#[derive(Default)]
+struct Readers {
+    reader_schema: std::sync::OnceLock<&'static Schema>,
+    by_id: std::sync::RwLock<std::collections::HashMap<u32, Arc<GenericDatumReader<'static>>>>,
+}
+
+impl Readers {
+    fn get(
+        &self,
+        id: u32,
+        writer: &Schema,
+        reader: &Schema,
+    ) -> Result<Arc<GenericDatumReader<'static>>, apache_avro::Error> {
+        if let Some(r) = self.by_id.read().expect("readers lock").get(&id) {
+            return Ok(r.clone());
+        }
+        let reader_schema: &'static Schema = self.reader_schema.get_or_init(|| Box::leak(Box::new(reader.clone())));
+        // Build against a borrowed writer first, so a writer that does not resolve leaks nothing.
+        GenericDatumReader::builder(writer).reader_schema(reader_schema).build()?;
+        let writer: &'static Schema = Box::leak(Box::new(writer.clone()));
+        // The same schema on both sides (the common case) needs no resolution step per record.
+        let same = writer.canonical_form() == reader_schema.canonical_form();
+        let built = Arc::new(if same {
+            GenericDatumReader::builder(writer).build()?
+        } else {
+            GenericDatumReader::builder(writer).reader_schema(reader_schema).build()?
+        });
+        Ok(self.by_id.write().expect("readers lock").entry(id).or_insert(built).clone())
     }
 }
