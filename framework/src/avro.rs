@@ -270,3 +270,34 @@ impl Readers {
         Ok(self.by_id.write().expect("readers lock").entry(id).or_insert(built).clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema_registry::SchemaRegistryConfig;
+
+    #[test]
+    fn bad_schemas_and_strategies_are_rejected_at_start_up() {
+        let registry = SchemaRegistry::new(SchemaRegistryConfig::new("http://127.0.0.1:1")).unwrap();
+        assert_eq!(Avro::new(&registry, r#"{"type": "recrod"}"#).unwrap_err().field, "avro.schema");
+        let primitive = Avro::new(&registry, r#""string""#).unwrap();
+        assert_eq!(primitive.subject("t"), "t-value");
+        let err = primitive.subject_strategy(SubjectStrategy::RecordName).unwrap_err();
+        assert_eq!(err.field, "avro.subject_strategy");
+        let order = r#"{"type": "record", "name": "Order", "namespace": "shop", "fields": []}"#;
+        let codec = Avro::new(&registry, order).unwrap().subject_strategy(SubjectStrategy::RecordName).unwrap();
+        assert_eq!(codec.subject("t"), "shop.Order");
+    }
+
+    #[test]
+    fn an_unreachable_registry_is_a_transient_decode_failure() {
+        let registry = SchemaRegistry::new(SchemaRegistryConfig::new("http://127.0.0.1:1")).unwrap();
+        let codec = Avro::new(&registry, r#""string""#).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let err = runtime.block_on(Decode::<String>::decode(&codec, Some(&[0, 0, 0, 0, 1, 2, b'x']))).unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        // Bytes that cannot be Avro never reach the registry.
+        let err = runtime.block_on(Decode::<String>::decode(&codec, Some(b"{}"))).unwrap_err();
+        assert!(!err.is_transient(), "{err}");
+    }
+}
