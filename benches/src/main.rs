@@ -24,6 +24,8 @@
 //!   [`slow_bench`].
 //! - `memory`: the peak resident memory of a process draining a 5,000,000-record backlog with
 //!   default bounds, measured in a child process; see [`memory_bench`].
+//! - `codec`: decode+encode per second of the JSON and Avro codecs on ~1 KB records, in process, no
+//!   broker; see [`codec_bench`].
 //!
 //! - `compare`: the end-to-end workloads of the benchmark suite (raw rdkafka drain, pipe and
 //!   transactional pipe; Millrace at-least-once, with dedup, with poison records, exactly-once; Kafka
@@ -38,6 +40,7 @@
 //! is optimised); `--quick` is a smoke run small enough for CI. The brokers are taken from
 //! `KAFKA_BOOTSTRAP_SERVERS` (default `127.0.0.1:9092`); set `RUST_LOG` to see the clients' logs.
 
+mod codec_bench;
 mod compare;
 mod core_bench;
 mod dedup_bench;
@@ -79,6 +82,9 @@ enum Command {
     /// Writes BENCHMARKS.md and its PNG chart from the logs of `compare`, `slow` and `memory` (what
     /// `scripts/bench` runs and saves).
     Report(report::ReportArgs),
+    /// Decode+encode throughput of the JSON and Avro codecs on ~1 KB records, in process (Avro schema
+    /// cached; registry from SCHEMA_REGISTRY_URL or the in-process test double).
+    Codec(codec_bench::CodecArgs),
     /// The child process of `memory` (internal).
     #[command(hide = true)]
     MemoryChild(memory_bench::MemoryChildArgs),
@@ -99,6 +105,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Memory(args) => memory_bench::run(args).await,
         Command::Compare(args) => compare::run(args).await,
         Command::Report(args) => report::run(args),
+        Command::Codec(args) => codec_bench::run(args).await,
         Command::MemoryChild(args) => memory_bench::run_child(args).await,
     }
 }

@@ -43,7 +43,12 @@ pub(crate) async fn attempt_until_done<P: Processor>(
     let mut first_failure_ms = None;
     loop {
         let ctx = Context::new(attempt, epoch, idempotency_key.map(<[u8]>::to_vec), shared.handles.clone());
-        let result = match AssertUnwindSafe(shared.processor.process(record, &ctx)).catch_unwind().await {
+        // The concurrency bound counts records inside the processor: the permit is not held while
+        // outputs await their acknowledgement or a retry waits out its backoff.
+        let Some(permit) = permit(&shared.concurrency).await else { return Ok(Outcome::Abandoned) };
+        let processed = AssertUnwindSafe(shared.processor.process(record, &ctx)).catch_unwind().await;
+        drop(permit);
+        let result = match processed {
             Ok(Ok(())) => ctx.acknowledged().await.map_err(ProcessError::from),
             Ok(Err(e)) => Err(e),
             Err(panic) => {
@@ -82,6 +87,17 @@ pub(crate) async fn attempt_until_done<P: Processor>(
             _ = cancel.cancelled() => return Ok(Outcome::Abandoned),
         }
         attempt += 1;
+    }
+}
+
+/// A concurrency permit. `try_acquire` first: `acquire().await` spends Tokio's cooperative budget,
+/// and once a partition task has started ~128 records in one poll it would return Pending with
+/// permits free, pushing every further record onto the slow (queued, woken) path.
+async fn permit(semaphore: &tokio::sync::Semaphore) -> Option<tokio::sync::SemaphorePermit<'_>> {
+    match semaphore.try_acquire() {
+        Ok(permit) => Some(permit),
+        Err(tokio::sync::TryAcquireError::NoPermits) => semaphore.acquire().await.ok(),
+        Err(tokio::sync::TryAcquireError::Closed) => None,
     }
 }
 

@@ -39,6 +39,9 @@ pub mod headers {
     pub const LAST_FAILURE: &str = "millrace.failure.last";
     /// How many times the record was replayed from a DLQ before this failure (decimal).
     pub const REPLAY_COUNT: &str = "millrace.replay.count";
+    /// On a `decode` failure whose value starts with a Confluent wire-format header (magic byte 0,
+    /// then 4 bytes), the schema id in it (decimal); absent otherwise.
+    pub const SCHEMA_ID: &str = "millrace.schema.id";
 }
 
 /// Longest error message kept in [`headers::ERROR_MESSAGE`], in bytes.
@@ -198,7 +201,17 @@ pub fn dead_letter(record: &Record, dlq_topic: &str, group: &str, processor: &st
     add(headers::FIRST_FAILURE, failure.first_failure_ms.to_string());
     add(headers::LAST_FAILURE, failure.last_failure_ms.to_string());
     add(headers::REPLAY_COUNT, replay_count(&record.headers).to_string());
+    if failure.kind == DlqErrorKind::Decode
+        && let Some(id) = record.value.as_deref().and_then(crate::schema_registry::wire::schema_id)
+    {
+        add(headers::SCHEMA_ID, id.to_string());
+    }
     out
+}
+
+/// The schema id a DLQ record's [`headers::SCHEMA_ID`] header carries.
+pub fn schema_id(h: &Headers) -> Option<u32> {
+    h.get(headers::SCHEMA_ID).and_then(|v| std::str::from_utf8(v).ok()).and_then(|v| v.parse().ok())
 }
 
 fn truncate(s: &str, max: usize) -> &str {
@@ -260,6 +273,27 @@ mod tests {
         assert!(info.message.len() <= MAX_ERROR_MESSAGE);
         let kinds = out.headers.iter().filter(|h| h.name == headers::ERROR_KIND).count();
         assert_eq!(kinds, 1, "an earlier trip's millrace headers are replaced");
+        assert_eq!(schema_id(&out.headers), None, "no schema id outside decode failures");
+    }
+
+    #[test]
+    fn decode_failures_carry_a_readable_schema_id() {
+        let failure = Failure {
+            kind: DlqErrorKind::Decode,
+            message: "x".into(),
+            attempts: 1,
+            first_failure_ms: 1,
+            last_failure_ms: 1,
+        };
+        let mut r = record();
+        r.value = Some(vec![0, 0, 0, 1, 0, 9, 9]);
+        let out = dead_letter(&r, "orders.dlq", "g", "p", &failure);
+        assert_eq!(schema_id(&out.headers), Some(256));
+        assert_eq!(out.value, r.value, "value bytes untouched");
+        r.value = Some(vec![1, 0, 0, 1, 0, 9]); // wrong magic byte: no id to read
+        assert_eq!(schema_id(&dead_letter(&r, "orders.dlq", "g", "p", &failure).headers), None);
+        r.value = Some(vec![0, 0, 0]); // too short
+        assert_eq!(schema_id(&dead_letter(&r, "orders.dlq", "g", "p", &failure).headers), None);
     }
 
     #[test]

@@ -14,6 +14,8 @@
 //! - `pending` and `transaction` (internal): exactly-once mode; completed records' outputs wait by
 //!   offset and commit with the input offsets in one Kafka transaction per commit interval.
 //! - [`config`], [`error`], [`record`], [`stats`], [`shutdown`]: the supporting pieces.
+//! - [`typed`] and [`codec`]: typed processors decode the value before the processor sees it;
+//!   [`avro`] with a [`schema_registry`] is the codec for Avro in the Confluent wire format.
 //!
 //! ## Guarantees
 //! At-least-once with commit-after-effect (I1, I2), per-key order (I3), bounded memory (I4) and
@@ -41,6 +43,7 @@
 //! ```
 
 mod attempt;
+pub mod avro;
 mod breaker;
 pub mod codec;
 pub mod config;
@@ -65,6 +68,7 @@ mod produce;
 mod rebalance;
 pub mod record;
 pub mod retry;
+pub mod schema_registry;
 pub mod shutdown;
 pub mod stats;
 mod transaction;

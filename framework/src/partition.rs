@@ -552,7 +552,7 @@ impl<P: Processor> PartitionTask<P> {
     }
 }
 
-/// Runs a record under the concurrency bound: the retry loop, then the DLQ for a record that failed
+/// Runs a record: the retry loop (under the concurrency bound), then the DLQ for a record that failed
 /// for good (when the DLQ is on).
 async fn run<P: Processor>(
     shared: &Arc<Shared<P>>,
@@ -561,17 +561,6 @@ async fn run<P: Processor>(
     idempotency_key: Option<&[u8]>,
     cancel: &CancellationToken,
 ) -> Outcome {
-    // try_acquire first: `acquire().await` spends Tokio's cooperative budget, and once a partition
-    // task has started ~128 records in one poll it would return Pending with permits free, pushing
-    // every further record onto the slow (queued, woken) path.
-    let _permit = match shared.concurrency.try_acquire() {
-        Ok(permit) => permit,
-        Err(tokio::sync::TryAcquireError::NoPermits) => match shared.concurrency.acquire().await {
-            Ok(permit) => permit,
-            Err(_) => return Outcome::Abandoned,
-        },
-        Err(tokio::sync::TryAcquireError::Closed) => return Outcome::Abandoned,
-    };
     let result = attempt_until_done(shared, epoch, record, idempotency_key, cancel).await;
     match result {
         Ok(outcome) => outcome,

@@ -33,6 +33,7 @@ pub struct Stats {
     pub(crate) transactions_aborted: AtomicU64,
     pub(crate) transactions_injected_aborts: AtomicU64,
     pub(crate) rewinds: AtomicU64,
+    pub(crate) committed_outputs: AtomicU64,
 }
 
 /// A point-in-time copy of [`Stats`].
@@ -69,7 +70,9 @@ pub struct StatsSnapshot {
     pub in_flight_peak: u64,
     /// Bytes of the in-flight records.
     pub buffered_bytes: u64,
-    /// Records inside the processor right now.
+    /// Records started and not finished: inside the processor, waiting for a concurrency permit,
+    /// for their outputs' acknowledgements or for a retry's backoff. At most `bounds.max_concurrency`
+    /// of them are inside the processor at once.
     pub running: u64,
     /// Highest `running` seen.
     pub running_peak: u64,
@@ -95,6 +98,8 @@ pub struct StatsSnapshot {
     pub transactions_injected_aborts: u64,
     /// Exactly-once: partitions rewound to their last committed offset after an abort.
     pub rewinds: u64,
+    /// Exactly-once: output records (emitted and dead-lettered) in committed transactions.
+    pub committed_outputs: u64,
 }
 
 impl Stats {
@@ -129,6 +134,7 @@ impl Stats {
             transactions_aborted: self.transactions_aborted.load(Relaxed),
             transactions_injected_aborts: self.transactions_injected_aborts.load(Relaxed),
             rewinds: self.rewinds.load(Relaxed),
+            committed_outputs: self.committed_outputs.load(Relaxed),
         }
     }
 

@@ -99,6 +99,8 @@ struct OpenTxn {
     parts: Vec<(Arc<PartitionHandle>, i64)>,
     /// Dedup keys whose changelog entries are in it.
     keys: Vec<SentKey>,
+    /// Output records (emitted and DLQ) in it.
+    outputs: u64,
 }
 
 /// A dedup key sent to the changelog in the open transaction.
@@ -211,6 +213,7 @@ impl Transactions {
                         tracing::warn!(pipeline = %self.name, topic = %out.topic, error = %e, "transactional produce failed");
                         return Err(self.abort(&mut open));
                     }
+                    open.outputs += 1;
                 }
                 if let (Some(key), Some(dedup)) = (entry.dedup_key, &self.dedup) {
                     let delivery = if dedup.config.changelog {
@@ -267,6 +270,7 @@ impl Transactions {
         }
         Stats::bump(&self.stats.transactions_committed);
         let done = std::mem::take(&mut *open);
+        self.stats.committed_outputs.fetch_add(done.outputs, std::sync::atomic::Ordering::Relaxed);
         drop(open);
         for (h, end) in &done.parts {
             h.set_committed(*end);

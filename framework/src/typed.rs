@@ -1,6 +1,8 @@
 //! Typed processors: declare the input type and a codec; the runtime decodes before calling the
 //! processor. Records that do not decode go to the DLQ (error kind `decode`, bytes untouched) without
-//! reaching the processor.
+//! reaching the processor; a codec that could not reach its schema registry fails the attempt as
+//! transient instead, so the record is retried. Outputs are encoded with [`EmitEncoded::emit_encoded`]
+//! (any [`Encode`] codec) or `ctx.emit_json`.
 //!
 //! ```no_run
 //! use millrace::codec::Json;
@@ -29,11 +31,11 @@
 //! # Ok(()) }
 //! ```
 
-use crate::codec::Decode;
+use crate::codec::{CodecError, Decode, Encode};
 use crate::context::Context;
 use crate::error::ProcessError;
 use crate::processor::Processor;
-use crate::record::Record;
+use crate::record::{OutputRecord, Record};
 use std::future::Future;
 use std::marker::PhantomData;
 
@@ -77,11 +79,66 @@ where
     C: Decode<P::Input>,
 {
     async fn process(&self, record: &Record, ctx: &Context) -> Result<(), ProcessError> {
-        let input = self.codec.decode(record.value.as_deref()).map_err(ProcessError::decode)?;
+        let input = match self.codec.decode(record.value.as_deref()).await {
+            Ok(input) => input,
+            Err(e) if e.is_transient() => return Err(ProcessError::transient(e)),
+            Err(e) => return Err(ProcessError::decode(e)),
+        };
         self.processor.process(input, record, ctx).await
     }
 
     fn name(&self) -> &str {
         self.processor.name()
     }
+}
+
+/// Emitting typed outputs through a codec: `ctx.emit_encoded(&codec, topic, key, &value)`.
+///
+/// ```no_run
+/// use millrace::codec::Json;
+/// use millrace::typed::EmitEncoded;
+/// # async fn f(ctx: &millrace::Context) -> Result<(), millrace::ProcessError> {
+/// #[derive(serde::Serialize)]
+/// struct Payment { order: u64 }
+/// ctx.emit_encoded(&Json, "payments", Some(b"7".to_vec()), &Payment { order: 7 }).await?;
+/// # Ok(()) }
+/// ```
+pub trait EmitEncoded {
+    /// Encodes `value` with `codec` for `topic` and emits it (its broker acknowledgement gates the
+    /// input record's completion, as for [`Context::emit`]). An encoding failure is permanent, except
+    /// an unavailable schema registry, which is transient (the record is retried).
+    fn emit_encoded<T, E>(
+        &self,
+        codec: &E,
+        topic: &str,
+        key: Option<Vec<u8>>,
+        value: &T,
+    ) -> impl Future<Output = Result<(), ProcessError>> + Send
+    where
+        T: Sync,
+        E: Encode<T>;
+}
+
+impl EmitEncoded for Context {
+    async fn emit_encoded<T, E>(
+        &self,
+        codec: &E,
+        topic: &str,
+        key: Option<Vec<u8>>,
+        value: &T,
+    ) -> Result<(), ProcessError>
+    where
+        T: Sync,
+        E: Encode<T>,
+    {
+        let bytes = codec.encode(topic, value).await.map_err(encode_error)?;
+        let mut out = OutputRecord::to(topic).value(bytes);
+        out.key = key;
+        self.emit(out).await?;
+        Ok(())
+    }
+}
+
+fn encode_error(e: CodecError) -> ProcessError {
+    if e.is_transient() { ProcessError::transient(e) } else { ProcessError::permanent(e) }
 }

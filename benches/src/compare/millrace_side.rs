@@ -9,7 +9,8 @@
 use crate::measure::{Measurement, Stopwatch};
 use anyhow::Context as _;
 use millrace::{
-    Context, DedupConfig, ExactlyOnce, OutputRecord, Pipeline, PipelineConfig, ProcessError, Processor, Record, StatsSnapshot,
+    Context, DedupConfig, ExactlyOnce, OutputRecord, Pipeline, PipelineConfig, ProcessError, Processor, Record,
+    StatsSnapshot,
 };
 use std::path::Path;
 use std::time::Duration;
@@ -102,18 +103,12 @@ pub fn exactly_once(config: PipelineConfig, interval: Duration) -> Result<Pipeli
 }
 
 /// When a run is done: every input record accounted for by the pipeline's counters. Exactly-once
-/// records count only once committed: the clock stops at the second transaction committed after the
-/// last record was processed (the first may have begun before it), like Pt and Streams' eos_v2 stop
-/// at the commit of the last output. `eos_goal` remembers that transaction count.
-fn done_when(mode: Mode<'_>, s: &StatsSnapshot, records: u64, eos_goal: &mut Option<u64>) -> bool {
+/// records count only once their output is committed, like Pt and Streams' eos_v2 stop at the
+/// commit of the last output.
+fn done_when(mode: Mode<'_>, s: &StatsSnapshot, records: u64) -> bool {
     match mode {
         Mode::Alos => s.processed >= records,
-        Mode::Eos(_) => {
-            if s.processed >= records && eos_goal.is_none() {
-                *eos_goal = Some(s.transactions_committed + 2);
-            }
-            eos_goal.is_some_and(|goal| s.transactions_committed >= goal)
-        }
+        Mode::Eos(_) => s.committed_outputs >= records,
         Mode::Dedup(_) => s.processed + s.dedup_hits >= records,
         Mode::Dlq { .. } => s.processed + s.dead_lettered >= records,
     }
@@ -134,10 +129,9 @@ pub async fn run(r: &Run<'_>) -> Result<(Measurement, String), NotRun> {
     let clock = Stopwatch::start();
     let mut running = tokio::spawn(pipeline.run());
     let mut first_record = None;
-    let mut eos_goal = None;
     let (elapsed, cpu, end) = loop {
         let s = stats.snapshot();
-        if done_when(r.mode, &s, r.records, &mut eos_goal) {
+        if done_when(r.mode, &s, r.records) {
             let (elapsed, cpu) = clock.stop();
             break (elapsed, cpu, s);
         }
