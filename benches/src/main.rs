@@ -41,6 +41,10 @@
 //! `KAFKA_BOOTSTRAP_SERVERS` (default `127.0.0.1:9092`); set `RUST_LOG` to see the clients' logs.
 
 mod codec_bench;
+/// Every benchmark (both sides of each ratio) runs on mimalloc.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod compare;
 mod core_bench;
 mod dedup_bench;

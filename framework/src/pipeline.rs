@@ -25,7 +25,7 @@ use crate::processor::Processor;
 use crate::rebalance::{Assignments, Hooks, Starter, commit_now};
 use crate::record::Record;
 use crate::stats::Stats;
-use crate::transaction::{Transactions, TxnOutcome};
+use crate::transaction::{Transactions, TxnHooks, TxnOutcome, TxnProducer};
 use rdkafka::ClientConfig;
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
@@ -147,9 +147,21 @@ impl<P: Processor> Pipeline<P> {
             .create_with_context(ProducerHooks(log.clone()))
             .map_err(client_creation("producer"))?;
         let dedup = config.dedup.clone().map(|d| Dedup::open(d, &config.group_id)).transpose()?.map(Arc::new);
-        let transactions = config.exactly_once_settings().map(|eo| {
-            Arc::new(Transactions::new(producer.clone(), stats.clone(), dedup.clone(), eo.clone(), config.name.clone()))
-        });
+        let transactions = match config.exactly_once_settings() {
+            None => None,
+            Some(eo) => {
+                let producer: TxnProducer = transactional_producer_config(&config, eo)
+                    .create_with_context(TxnHooks(log.clone()))
+                    .map_err(client_creation("transactional producer"))?;
+                Some(Arc::new(Transactions::new(
+                    producer,
+                    stats.clone(),
+                    dedup.clone(),
+                    eo.clone(),
+                    config.name.clone(),
+                )))
+            }
+        };
         let hooks = Hooks {
             transactions,
             assignments: Arc::new(Mutex::new(Assignments::default())),
@@ -305,9 +317,14 @@ fn producer_config(config: &PipelineConfig) -> ClientConfig {
         c.set(k, v);
     }
     c.set("bootstrap.servers", &config.bootstrap_servers);
-    if let (Some(eo), Some(id)) = (config.exactly_once_settings(), config.transactional_id()) {
-        c.set("transactional.id", id).set("transaction.timeout.ms", eo.transaction_timeout.as_millis().to_string());
-    }
+    c
+}
+
+/// Exactly-once mode's producer: the output producer's settings plus the transactional ones.
+fn transactional_producer_config(config: &PipelineConfig, eo: &crate::config::ExactlyOnce) -> ClientConfig {
+    let mut c = producer_config(config);
+    let id = config.transactional_id().unwrap_or_default();
+    c.set("transactional.id", id).set("transaction.timeout.ms", eo.transaction_timeout.as_millis().to_string());
     c
 }
 

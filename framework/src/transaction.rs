@@ -28,16 +28,17 @@
 
 use crate::config::ExactlyOnce;
 use crate::dedup_changelog::Dedup;
-use crate::kafka_log::Producer;
+use crate::kafka_log::KafkaLog;
 use crate::partition::PartitionHandle;
 use crate::rebalance::Hooks;
 use crate::record::OutputRecord;
 use crate::stats::Stats;
-use futures::FutureExt;
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureRecord, Producer as _};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -62,7 +63,7 @@ pub(crate) enum TxnOutcome {
 
 /// The transactional producer's side of exactly-once mode.
 pub(crate) struct Transactions {
-    producer: Producer,
+    producer: TxnProducer,
     stats: Arc<Stats>,
     dedup: Option<Arc<Dedup>>,
     settings: ExactlyOnce,
@@ -108,12 +109,11 @@ struct SentKey {
     handle: Arc<PartitionHandle>,
     key: Vec<u8>,
     at: i64,
-    delivery: Option<DeliveryFuture>,
 }
 
 impl Transactions {
     pub(crate) fn new(
-        producer: Producer,
+        producer: TxnProducer,
         stats: Arc<Stats>,
         dedup: Option<Arc<Dedup>>,
         settings: ExactlyOnce,
@@ -216,18 +216,13 @@ impl Transactions {
                     open.outputs += 1;
                 }
                 if let (Some(key), Some(dedup)) = (entry.dedup_key, &self.dedup) {
-                    let delivery = if dedup.config.changelog {
-                        match self.send(&dedup.changelog_entry(&h.topic, h.partition, &key, now)) {
-                            Ok(d) => Some(d),
-                            Err(e) => {
-                                tracing::warn!(pipeline = %self.name, error = %e, "dedup changelog produce failed");
-                                return Err(self.abort(&mut open));
-                            }
-                        }
-                    } else {
-                        None
-                    };
-                    open.keys.push(SentKey { handle: h.clone(), key, at: now, delivery });
+                    if dedup.config.changelog
+                        && let Err(e) = self.send(&dedup.changelog_entry(&h.topic, h.partition, &key, now))
+                    {
+                        tracing::warn!(pipeline = %self.name, error = %e, "dedup changelog produce failed");
+                        return Err(self.abort(&mut open));
+                    }
+                    open.keys.push(SentKey { handle: h.clone(), key, at: now });
                 }
             }
         }
@@ -237,9 +232,11 @@ impl Transactions {
     /// Commits the open transaction after moving the latest completed work of `handles` into it:
     /// every partition in it commits the offset its outputs were taken below.
     pub(crate) fn commit(&self, consumer: &BaseConsumer<Hooks>, handles: &[Arc<PartitionHandle>]) -> TxnOutcome {
+        let started = Instant::now();
         if let Err(outcome) = self.pump(handles) {
             return outcome;
         }
+        let pumped = started.elapsed();
         let mut open = self.open();
         if !open.began {
             return TxnOutcome::Idle;
@@ -257,12 +254,14 @@ impl Transactions {
         }) {
             return outcome;
         }
+        let offsets_sent = started.elapsed();
         let ratio = self.settings.inject_abort_ratio;
         if ratio > 0.0 && rand::random::<f64>() < ratio {
             tracing::info!(pipeline = %self.name, "aborting this transaction on purpose (inject_abort_ratio)");
             Stats::bump(&self.stats.transactions_injected_aborts);
             return self.abort(&mut open);
         }
+        self.await_deliveries();
         if let Some(outcome) =
             self.retrying("commit_transaction", &mut open, |p| p.commit_transaction(self.call_timeout()))
         {
@@ -270,6 +269,7 @@ impl Transactions {
         }
         Stats::bump(&self.stats.transactions_committed);
         let done = std::mem::take(&mut *open);
+        tracing::debug!(pipeline = %self.name, outputs = done.outputs, partitions = done.parts.len(), ?pumped, ?offsets_sent, took = ?started.elapsed(), "transaction committed");
         self.stats.committed_outputs.fetch_add(done.outputs, std::sync::atomic::Ordering::Relaxed);
         drop(open);
         for (h, end) in &done.parts {
@@ -277,6 +277,19 @@ impl Transactions {
         }
         self.record_dedup_keys(done.keys);
         TxnOutcome::Committed
+    }
+
+    /// Sends what the producer holds at once and waits until the broker acknowledged it, so that
+    /// `commit_transaction` has nothing left to flush. (rdkafka's own flush, which commit would run,
+    /// waits for delivery events in slices of up to 100 ms that the producer's polling thread
+    /// usually takes first: it turned a ~10 ms commit into ~110 ms.) Gives up quietly at the
+    /// transaction timeout; the commit then flushes (and fails) as usual.
+    fn await_deliveries(&self) {
+        let _ = self.producer.flush(Duration::ZERO); // starts sending without waiting for linger.ms
+        let deadline = Instant::now() + self.call_timeout();
+        while self.producer.in_flight_count() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(250));
+        }
     }
 
     /// Lost partitions (another member owns them now) must not commit anything: if the open
@@ -306,7 +319,7 @@ impl Transactions {
         &self,
         what: &str,
         open: &mut OpenTxn,
-        mut call: impl FnMut(&Producer) -> Result<(), KafkaError>,
+        mut call: impl FnMut(&TxnProducer) -> Result<(), KafkaError>,
     ) -> Option<TxnOutcome> {
         let mut attempt = 0;
         loop {
@@ -355,32 +368,34 @@ impl Transactions {
     }
 
     /// Queues one output in the open transaction, waiting while the producer queue is full.
-    fn send(&self, out: &OutputRecord) -> Result<DeliveryFuture, KafkaError> {
-        let mut headers = OwnedHeaders::new_with_capacity(out.headers.len());
-        for h in out.headers.iter() {
-            headers = headers.insert(KafkaHeader { key: &h.name, value: h.value.as_deref() });
-        }
-        let mut headers = Some(headers);
+    fn send(&self, out: &OutputRecord) -> Result<(), KafkaError> {
+        let mut headers = (!out.headers.is_empty()).then(|| {
+            let mut headers = OwnedHeaders::new_with_capacity(out.headers.len());
+            for h in out.headers.iter() {
+                headers = headers.insert(KafkaHeader { key: &h.name, value: h.value.as_deref() });
+            }
+            headers
+        });
         loop {
-            let mut fr: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&out.topic);
+            let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&out.topic);
             if let Some(h) = headers.take() {
-                fr = fr.headers(h);
+                record = record.headers(h);
             }
             if let Some(k) = out.key.as_deref() {
-                fr = fr.key(k);
+                record = record.key(k);
             }
             if let Some(v) = out.value.as_deref() {
-                fr = fr.payload(v);
+                record = record.payload(v);
             }
             if let Some(p) = out.partition {
-                fr = fr.partition(p);
+                record = record.partition(p);
             }
-            match self.producer.send_result(fr) {
-                Ok(delivery) => return Ok(delivery),
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     headers = back.headers;
                     // The producer's own thread drains the queue.
-                    std::thread::sleep(Duration::from_millis(1));
+                    std::thread::sleep(Duration::from_micros(250));
                 }
                 Err((e, _)) => return Err(e),
             }
@@ -391,14 +406,38 @@ impl Transactions {
     /// pending.
     fn record_dedup_keys(&self, keys: Vec<SentKey>) {
         let Some(dedup) = &self.dedup else { return };
-        for mut k in keys {
-            // The commit flushed every message, so the delivery report is there.
-            let offset = k.delivery.take().and_then(|d| d.now_or_never());
-            let offset = offset.and_then(|r| r.ok()?.ok()).map(|d| d.offset);
-            if let Err(e) = dedup.record_committed(&k.handle.topic, k.handle.partition, &k.key, k.at, offset) {
+        for k in keys {
+            if let Err(e) = dedup.record_committed(&k.handle.topic, k.handle.partition, &k.key, k.at, None) {
                 tracing::warn!(pipeline = %self.name, error = %e, "dedup store write after commit failed");
             }
             k.handle.pending.settle([&k.key]);
+        }
+    }
+}
+
+/// The transactional producer's context: librdkafka's logs and errors go where the other clients'
+/// go; a failed delivery is only logged (it fails the transaction's commit, which then aborts).
+pub(crate) struct TxnHooks(pub(crate) Arc<KafkaLog>);
+
+/// Exactly-once mode's producer: no per-record delivery futures (the commit is the acknowledgement).
+pub(crate) type TxnProducer = ThreadedProducer<TxnHooks>;
+
+impl ClientContext for TxnHooks {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        self.0.log(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.0.error(error, reason);
+    }
+}
+
+impl ProducerContext for TxnHooks {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            self.0.warn("transactional output not delivered; the transaction will abort", &e.to_string());
         }
     }
 }
