@@ -18,7 +18,7 @@
 //! ## Guarantees
 //! At-least-once with commit-after-effect (I1, I2), per-key order (I3), bounded memory (I4) and
 //! fencing of revoked work (I5); exactly-once results for Kafka-to-Kafka pipelines in
-[`Delivery::ExactlyOnce`]; see [`guarantees`] for what each promise means and which test checks it.
+//! [`Delivery::ExactlyOnce`]; see [`guarantees`] for what each promise means and which test checks it.
 //!
 //! ```no_run
 //! use millrace::{Context, Pipeline, PipelineConfig, ProcessError, Processor, Record};
