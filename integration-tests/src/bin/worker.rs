@@ -202,7 +202,7 @@ impl TypedProcessor for Decoded {
 fn stats_line(stats: &Stats) -> String {
     let s = stats.snapshot();
     format!(
-        "polled={} processed={} dead_lettered={} panics={} dedup_hits={} dedup_restored={} dedup_restores={} assignments={} revocations={} commits={} transactions={} aborted={} injected_aborts={} rewinds={} in_flight_peak={} running_peak={}",
+        "polled={} processed={} dead_lettered={} panics={} dedup_hits={} dedup_restored={} dedup_restores={} assigned={} assignments={} revocations={} commits={} transactions={} aborted={} injected_aborts={} rewinds={} in_flight_peak={} running_peak={}",
         s.polled,
         s.processed,
         s.dead_lettered,
@@ -210,6 +210,7 @@ fn stats_line(stats: &Stats) -> String {
         s.dedup_hits,
         s.dedup_restored,
         s.dedup_restores,
+        s.assigned_partitions,
         s.assignments,
         s.revocations,
         s.commits,

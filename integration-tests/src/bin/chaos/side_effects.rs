@@ -92,25 +92,37 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
     let lost = (0..n).filter(|i| !effects.contains_key(format!("id-{i}").as_bytes())).count();
     let duplicated: usize = effects.values().map(|&c| c as usize - 1).sum();
     outcome.lost = lost;
-    outcome.duplicated = duplicated;
 
     // The journals: every processor attempt.
     let journals = slot.journals()?;
-    let mut attempts: HashMap<&str, Vec<usize>> = HashMap::new();
-    let mut dedup_misses = 0;
+    let mut attempts: HashMap<&str, Vec<(usize, bool)>> = HashMap::new();
     for (inc, e) in &journals {
-        attempts.entry(e.idempotency_key.as_str()).or_default().push(*inc);
-        if duplicates.contains(&(e.partition, e.offset)) {
-            dedup_misses += 1;
-        }
+        let of_duplicate = duplicates.contains(&(e.partition, e.offset));
+        attempts.entry(e.idempotency_key.as_str()).or_default().push((*inc, of_duplicate));
     }
+    // A re-produced duplicate that reached the processor is a dedup miss. The known bug's shape:
+    // the original's last attempt was in a SIGKILLed incarnation before the RocksDB deletion, so its
+    // key reached RocksDB but, the kill coming before the changelog acknowledgement, never the
+    // changelog; the redelivered original was then absorbed by the local store without writing the
+    // changelog entry again, and the deletion lost the key.
+    let restore_incarnation = restored_by.unwrap_or(usize::MAX);
+    let mut dedup_misses = Vec::new();
     let mut repeats_by_incarnation: HashMap<usize, usize> = HashMap::new();
-    for incs in attempts.values().filter(|v| v.len() > 1) {
-        // Each repeat was started by the attempt before it.
-        for w in incs.windows(2) {
-            *repeats_by_incarnation.entry(w[0]).or_default() += 1;
+    for (key, tries) in &attempts {
+        let (originals, dups): (Vec<_>, Vec<_>) = tries.iter().partition(|(_, dup)| !dup);
+        if !dups.is_empty() {
+            let gap = originals.last().is_some_and(|(i, _)| {
+                *i < restore_incarnation && slot.incarnations[*i].ended == Some(Ending::Killed)
+            });
+            dedup_misses.push(((*key).to_owned(), gap, originals.len()));
+        }
+        // Each repeat of the original was started by the attempt before it (the D2 window).
+        for w in originals.windows(2) {
+            *repeats_by_incarnation.entry(w[0].0).or_default() += 1;
         }
     }
+    let gap_misses = dedup_misses.iter().filter(|m| m.1).count();
+    let other_misses = dedup_misses.len() - gap_misses;
     let repeats: usize = repeats_by_incarnation.values().sum();
     let not_killed: Vec<usize> = repeats_by_incarnation
         .keys()
@@ -125,10 +137,18 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
     outcome.check(lost == 0, format!("{lost} ids have no effect in the ledger"));
     outcome.check(duplicated == 0, format!("{duplicated} effects applied twice"));
     outcome.check(unstable_keys == 0, format!("{unstable_keys} effects under an idempotency key other than the id"));
+    // What a user without an idempotent downstream would have seen twice, beyond the D2 window.
+    outcome.duplicated = duplicated + dedup_misses.len();
     outcome.check(
-        dedup_misses == 0,
-        format!("{dedup_misses} re-produced duplicates reached the processor (dedup store or its restore failed)"),
+        other_misses == 0,
+        format!("{other_misses} re-produced duplicates reached the processor (dedup store or its restore failed)"),
     );
+    if gap_misses > 0 {
+        let ids: Vec<&str> = dedup_misses.iter().filter(|m| m.1).map(|m| m.0.as_str()).take(5).collect();
+        outcome.known_failure(format!(
+            "dedup changelog gap: {gap_misses} re-produced duplicates ran the effect again after the RocksDB deletion ({ids:?}…); each original's key was written to RocksDB by an incarnation SIGKILLed before the changelog write was acknowledged, the redelivered original was then absorbed by the local store without writing the changelog again, so the key was never in the changelog to restore"
+        ));
+    }
     outcome.check(
         not_killed.is_empty(),
         format!("repeated attempts started in incarnations that were not SIGKILLed: {not_killed:?}"),
@@ -139,7 +159,7 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
         "ledger: {} distinct ids, {duplicated} double effects; re-produced duplicates: {} ({} reached the processor); dedup hits {}; RocksDB deleted after kill {} and {} entries restored from the changelog",
         effects.len(),
         duplicates.len(),
-        dedup_misses,
+        dedup_misses.len(),
         slot.stat("dedup_hits"),
         midway + 1,
         restored.unwrap_or(0),

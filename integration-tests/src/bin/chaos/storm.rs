@@ -35,8 +35,9 @@ pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
     let mut slots: Vec<Slot> = (0..SLOTS)
         .map(|i| {
             let mut spec = WorkerSpec::new(&env.worker, &env.dir, &format!("slot{i}"), &input, &group)
-                .args(["--output-topic", &output, "--delay-min-ms", "1", "--delay-max-ms", "3"])
-                .args(["--concurrency", "16", "--drain-timeout-ms", "3000"])
+                // Slow (2 at a time, 2–6 ms each) so that work is in flight throughout the storm.
+                .args(["--output-topic", &output, "--delay-min-ms", "2", "--delay-max-ms", "6"])
+                .args(["--concurrency", "2", "--drain-timeout-ms", "3000"])
                 .consumer_prop("session.timeout.ms", "6000")
                 .consumer_prop("heartbeat.interval.ms", "1000")
                 .consumer_prop("max.poll.interval.ms", "7000");
@@ -55,7 +56,11 @@ pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
         slot.start()?;
     }
     let started = Instant::now();
-    let storm_end = started + env.profile.storm_duration;
+    // The storm lasts its duration and until it made the profile's membership changes (at most
+    // four times the duration).
+    let min_changes = env.profile.storm_min_rebalances;
+    let mut storm_end = started + env.profile.storm_duration;
+    let storm_cap = started + env.profile.storm_duration * 4;
     let zombie_at = started + env.profile.storm_duration / 3;
     let mut stopping: [Option<Instant>; SLOTS] = [None; SLOTS];
     let mut frozen: Option<(usize, Instant)> = None;
@@ -63,7 +68,14 @@ pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
     let mut zombie_note = String::from("no zombie made");
     let mut changes = 0;
     let mut unexpected_exits = 0;
-    while Instant::now() < storm_end || frozen.is_some() {
+    loop {
+        if Instant::now() >= storm_end {
+            if changes < min_changes && Instant::now() < storm_cap {
+                storm_end = Instant::now() + Duration::from_secs(1);
+            } else if frozen.is_none() {
+                break;
+            }
+        }
         tokio::time::sleep(Duration::from_millis(env.rng.random_range(0..=500))).await;
         // Reap the SIGTERMed; SIGKILL those that take too long to drain.
         for (i, slot) in slots.iter_mut().enumerate() {
@@ -98,7 +110,11 @@ pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
         } else if !zombie_done && Instant::now() >= zombie_at {
             let candidates: Vec<usize> = (0..SLOTS)
                 .filter(|&i| stopping[i].is_none())
-                .filter(|&i| slots[i].incarnations.last().is_some_and(|inc| inc.ended.is_none()))
+                .filter(|&i| {
+                    slots[i].incarnations.last().is_some_and(|inc| {
+                        inc.ended.is_none() && inc.stats().get("assigned").is_some_and(|&a| a > 0)
+                    })
+                })
                 .collect();
             if !candidates.is_empty() {
                 let i = candidates[env.rng.random_range(0..candidates.len())];
@@ -112,13 +128,19 @@ pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
         if Instant::now() >= storm_end {
             continue;
         }
-        // Toggle one instance (never the frozen one, never one still draining).
+        // Toggle one instance (never the frozen one, never one still draining, and stop only members
+        // that own partitions, so that every stop moves partitions).
         let i = env.rng.random_range(0..SLOTS);
         if frozen.is_some_and(|(f, _)| f == i) || stopping[i].is_some() {
             continue;
         }
-        let kill = env.rng.random_bool(0.5);
+        // A SIGKILLed member holds its partitions until its session times out; a SIGTERMed one
+        // leaves at once. Both, with more of the second to keep the group moving.
+        let kill = env.rng.random_bool(0.35);
         let slot = &mut slots[i];
+        if slot.running().is_some_and(|inc| inc.stats().get("assigned").is_none_or(|&a| a == 0)) {
+            continue;
+        }
         match slot.running() {
             Some(_) if kill => {
                 slot.kill().await?;
@@ -182,8 +204,7 @@ pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
             concurrent.seen.len()
         ));
     }
-    let min = env.profile.storm_min_rebalances;
-    outcome.check(changes >= min, format!("only {changes} membership changes, fewer than {min}"));
+    outcome.check(changes >= min_changes, format!("only {changes} membership changes, fewer than {min_changes}"));
     outcome.check(clean == SLOTS, format!("only {clean} of {SLOTS} instances drained and exited 0 at the end"));
     let restarts: usize = slots.iter().map(|s| s.unexpected_exits.len()).sum();
     outcome.note(format!(
