@@ -37,9 +37,9 @@ pub fn not_ours() -> Result<Option<String>> {
 }
 
 fn data_dir() -> PathBuf {
-    std::env::var_os("KAFKA_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/millrace/kafka-data")
-    })
+    std::env::var_os("KAFKA_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/millrace/kafka-data"))
 }
 
 /// The broker's pid from `scripts/kafka`'s pid file, checked against the process's command line.

@@ -61,10 +61,7 @@ impl Tally {
     /// Outputs of one key that do not follow input order (same key → same input partition, so the
     /// input offsets must increase): E3.
     pub fn order_violations(&self) -> usize {
-        self.by_key
-            .values()
-            .map(|v| v.windows(2).filter(|w| !(w[0].0 == w[1].0 && w[0].1 < w[1].1)).count())
-            .sum()
+        self.by_key.values().map(|v| v.windows(2).filter(|w| !(w[0].0 == w[1].0 && w[0].1 < w[1].1)).count()).sum()
     }
 
     /// Inputs of `expected` never seen, and seen values not in `expected`.

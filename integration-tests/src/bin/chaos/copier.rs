@@ -21,7 +21,13 @@ pub fn id_inputs(n: usize) -> Vec<(String, Vec<u8>)> {
 
 /// Waits until the group committed at least `target` input records in total, restarting the
 /// worker if it exited by itself.
-pub async fn wait_progress(slot: &mut Slot, input: &str, partitions: i32, target: i64, timeout: Duration) -> Result<()> {
+pub async fn wait_progress(
+    slot: &mut Slot,
+    input: &str,
+    partitions: i32,
+    target: i64,
+    timeout: Duration,
+) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         slot.supervise()?;
@@ -33,6 +39,17 @@ pub async fn wait_progress(slot: &mut Slot, input: &str, partitions: i32, target
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The input a kill loop measures progress on.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    /// Topic.
+    pub topic: &'a str,
+    /// Its partitions.
+    pub partitions: i32,
+    /// Records in it.
+    pub records: usize,
 }
 
 /// How a kill loop went.
@@ -49,13 +66,13 @@ pub struct KillLoop {
 pub async fn kill_loop(
     env: &mut Env,
     slot: &mut Slot,
-    input: &str,
-    partitions: i32,
-    n: i64,
+    input: Input<'_>,
     kills: usize,
     open_transaction: Option<(&str, i32)>,
     mut before_restart: impl AsyncFnMut(usize) -> Result<()>,
 ) -> Result<KillLoop> {
+    let Input { topic: input, partitions, records } = input;
+    let n = records as i64;
     let mut result = KillLoop::default();
     let views = match open_transaction {
         Some(_) => Some((Watermarks::new(Isolation::ReadCommitted)?, Watermarks::new(Isolation::ReadUncommitted)?)),
@@ -109,7 +126,15 @@ pub async fn copier_sigkill(mut env: Env) -> Result<Outcome> {
     let reader = ConcurrentReader::start(&output, 3)?;
     slot.start()?;
     let kills = env.profile.copier_kills;
-    let run = kill_loop(&mut env, &mut slot, &input, 2, n as i64, kills, Some((&output, 3)), async |_| Ok(())).await?;
+    let run = kill_loop(
+        &mut env,
+        &mut slot,
+        Input { topic: &input, partitions: 2, records: n },
+        kills,
+        Some((&output, 3)),
+        async |_| Ok(()),
+    )
+    .await?;
     let finish = env.profile.finish_timeout;
     let all = check::wait_all_committed(&group, &input, 2, finish, || slot.supervise()).await?;
     let clean = slot.terminate(Duration::from_secs(30)).await?;
@@ -156,7 +181,8 @@ pub async fn negative_control(mut env: Env) -> Result<Outcome> {
     let mut slot = Slot::new(spec);
     slot.start()?;
     let kills = env.profile.control_kills;
-    kill_loop(&mut env, &mut slot, &input, 2, n as i64, kills, None, async |_| Ok(())).await?;
+    kill_loop(&mut env, &mut slot, Input { topic: &input, partitions: 2, records: n }, kills, None, async |_| Ok(()))
+        .await?;
     let finish = env.profile.finish_timeout;
     let all = check::wait_all_committed(&group, &input, 2, finish, || slot.supervise()).await?;
     slot.terminate(Duration::from_secs(30)).await?;

@@ -7,7 +7,7 @@
 
 use crate::Env;
 use crate::check::{self, ConcurrentReader, Tally};
-use crate::copier::{KEYS, kill_loop};
+use crate::copier::{Input, KEYS, kill_loop};
 use crate::fleet::{Slot, WorkerSpec};
 use crate::outcome::Outcome;
 use anyhow::Result;
@@ -62,7 +62,15 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
     let started = Instant::now();
     slot.start()?;
     let kills = env.profile.poison_kills;
-    kill_loop(&mut env, &mut slot, &input, PARTITIONS, n as i64, kills, None, async |_| Ok(())).await?;
+    kill_loop(
+        &mut env,
+        &mut slot,
+        Input { topic: &input, partitions: PARTITIONS, records: n },
+        kills,
+        None,
+        async |_| Ok(()),
+    )
+    .await?;
     let finish = env.profile.finish_timeout;
     let all = check::wait_all_committed(&group, &input, PARTITIONS, finish, || slot.supervise()).await?;
     let drained_in = started.elapsed();

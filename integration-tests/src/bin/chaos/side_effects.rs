@@ -14,7 +14,7 @@
 
 use crate::Env;
 use crate::check;
-use crate::copier::{KEYS, kill_loop};
+use crate::copier::{Input, KEYS, kill_loop};
 use crate::fleet::{Ending, Slot, WorkerSpec};
 use crate::outcome::Outcome;
 use anyhow::Result;
@@ -62,14 +62,21 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
     let mut duplicates: BTreeSet<(i32, i64)> = BTreeSet::new();
     let mut restored_by = None;
     let dup_ids = ids.clone();
-    kill_loop(&mut env, &mut slot, &input, PARTITIONS, n as i64, kills, None, async |k| {
-        if k == midway {
-            std::fs::remove_dir_all(&dedup_dir)?;
-            duplicates.extend(produce_raw(&input, dup_ids.iter().map(|&i| record(i))).await?);
-            restored_by = Some(k + 1);
-        }
-        Ok(())
-    })
+    kill_loop(
+        &mut env,
+        &mut slot,
+        Input { topic: &input, partitions: PARTITIONS, records: n },
+        kills,
+        None,
+        async |k| {
+            if k == midway {
+                std::fs::remove_dir_all(&dedup_dir)?;
+                duplicates.extend(produce_raw(&input, dup_ids.iter().map(|&i| record(i))).await?);
+                restored_by = Some(k + 1);
+            }
+            Ok(())
+        },
+    )
     .await?;
     let finish = env.profile.finish_timeout;
     let all = check::wait_all_committed(&group, &input, PARTITIONS, finish, || slot.supervise()).await?;
@@ -111,9 +118,9 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
     for (key, tries) in &attempts {
         let (originals, dups): (Vec<_>, Vec<_>) = tries.iter().partition(|(_, dup)| !dup);
         if !dups.is_empty() {
-            let gap = originals.last().is_some_and(|(i, _)| {
-                *i < restore_incarnation && slot.incarnations[*i].ended == Some(Ending::Killed)
-            });
+            let gap = originals
+                .last()
+                .is_some_and(|(i, _)| *i < restore_incarnation && slot.incarnations[*i].ended == Some(Ending::Killed));
             dedup_misses.push(((*key).to_owned(), gap, originals.len()));
         }
         // Each repeat of the original was started by the attempt before it (the D2 window).
@@ -130,7 +137,8 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
         .filter(|&i| slot.incarnations[i].ended != Some(Ending::Killed))
         .collect();
     let worst = repeats_by_incarnation.values().copied().max().unwrap_or(0);
-    let restored = restored_by.map(|i| slot.incarnations.get(i).map_or(0, |inc| inc.stats().get("dedup_restored").copied().unwrap_or(0)));
+    let restored = restored_by
+        .map(|i| slot.incarnations.get(i).map_or(0, |inc| inc.stats().get("dedup_restored").copied().unwrap_or(0)));
 
     outcome.check(all, "committed offsets never reached the input's end offsets (stall)");
     outcome.check(clean, "the last worker did not drain and exit 0 on SIGTERM");

@@ -111,9 +111,10 @@ pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
             let candidates: Vec<usize> = (0..SLOTS)
                 .filter(|&i| stopping[i].is_none())
                 .filter(|&i| {
-                    slots[i].incarnations.last().is_some_and(|inc| {
-                        inc.ended.is_none() && inc.stats().get("assigned").is_some_and(|&a| a > 0)
-                    })
+                    slots[i]
+                        .incarnations
+                        .last()
+                        .is_some_and(|inc| inc.ended.is_none() && inc.stats().get("assigned").is_some_and(|&a| a > 0))
                 })
                 .collect();
             if !candidates.is_empty() {
