@@ -202,7 +202,7 @@ impl TypedProcessor for Decoded {
 fn stats_line(stats: &Stats) -> String {
     let s = stats.snapshot();
     format!(
-        "polled={} processed={} dead_lettered={} panics={} dedup_hits={} dedup_restored={} dedup_restores={} assigned={} assignments={} revocations={} commits={} transactions={} aborted={} injected_aborts={} rewinds={} in_flight_peak={} running_peak={}",
+        "polled={} processed={} dead_lettered={} panics={} dedup_hits={} dedup_restored={} dedup_restores={} assigned={} assignments={} revocations={} commits={} commit_failures={} discarded_on_revoke={} transactions={} aborted={} injected_aborts={} rewinds={} in_flight_peak={} running_peak={}",
         s.polled,
         s.processed,
         s.dead_lettered,
@@ -214,6 +214,8 @@ fn stats_line(stats: &Stats) -> String {
         s.assignments,
         s.revocations,
         s.commits,
+        s.commit_failures,
+        s.discarded_on_revoke,
         s.transactions_committed,
         s.transactions_aborted,
         s.transactions_injected_aborts,

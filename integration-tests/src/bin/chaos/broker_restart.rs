@@ -28,6 +28,7 @@ pub async fn run(env: Env) -> Result<Outcome> {
     let n = env.profile.broker_records;
     outcome.records = n;
     let (input, output, group) = (unique("chaos-broker-in"), unique("chaos-broker-out"), unique("chaos-broker"));
+    outcome.note(format!("input {input}, output {output}, group {group}"));
     create_topic(&input, 2).await?;
     create_topic(&output, 3).await?;
     let inputs = id_inputs(n);

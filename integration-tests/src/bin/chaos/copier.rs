@@ -110,6 +110,7 @@ pub async fn copier_sigkill(mut env: Env) -> Result<Outcome> {
     let mut outcome = Outcome::new("copier-sigkill");
     outcome.records = n;
     let (input, output, group) = (unique("chaos-copier-in"), unique("chaos-copier-out"), unique("chaos-copier"));
+    outcome.note(format!("input {input}, output {output}, group {group}"));
     create_topic(&input, 2).await?;
     create_topic(&output, 3).await?;
     let inputs = id_inputs(n);

@@ -24,6 +24,7 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
     let mut outcome = Outcome::new("poison");
     outcome.records = n;
     let (input, output, group) = (unique("chaos-poison-in"), unique("chaos-poison-out"), unique("chaos-poison"));
+    outcome.note(format!("input {input}, output {output}, group {group}"));
     create_topic(&input, PARTITIONS).await?;
     create_topic(&output, 3).await?;
     create_topic(&format!("{input}.dlq"), PARTITIONS).await?;

@@ -38,6 +38,7 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
     let kills = env.profile.effects_kills;
     let mut outcome = Outcome::new("side-effects-sigkill");
     let (input, group) = (unique("chaos-effects-in"), unique("chaos-effects"));
+    outcome.note(format!("input {input}, group {group} (changelog {group}.dedup-changelog)"));
     create_topic(&input, PARTITIONS).await?;
     produce_raw(&input, (0..n).map(record)).await?;
     // 10% of the ids, chosen by the seed, produced again midway.

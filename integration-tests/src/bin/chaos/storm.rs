@@ -27,6 +27,7 @@ pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
     let mut outcome = Outcome::new(name);
     outcome.records = n;
     let (input, output, group) = (unique("chaos-storm-in"), unique("chaos-storm-out"), unique("chaos-storm"));
+    outcome.note(format!("input {input}, output {output}, group {group}"));
     create_topic(&input, INPUT_PARTITIONS).await?;
     create_topic(&output, OUTPUT_PARTITIONS).await?;
     let inputs = id_inputs(n);
@@ -209,11 +210,13 @@ pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
     outcome.check(clean == SLOTS, format!("only {clean} of {SLOTS} instances drained and exited 0 at the end"));
     let restarts: usize = slots.iter().map(|s| s.unexpected_exits.len()).sum();
     outcome.note(format!(
-        "storm {:.0}s: {changes} membership changes ({kills} SIGKILLs, the rest SIGTERMs and starts) over {} incarnations; {zombie_note}; members saw {} assignments and {} revocations; {unexpected_exits} exits the harness did not cause during the storm, {restarts} after",
+        "storm {:.0}s: {changes} membership changes ({kills} SIGKILLs, the rest SIGTERMs and starts) over {} incarnations; {zombie_note}; members saw {} assignments and {} revocations ({} commit failures, {} queued records dropped on revoke); {unexpected_exits} exits the harness did not cause during the storm, {restarts} after",
         storm_took.as_secs_f64(),
         slots.iter().map(|s| s.incarnations.len()).sum::<usize>(),
         sum("assignments"),
         sum("revocations"),
+        sum("commit_failures"),
+        sum("discarded_on_revoke"),
     ));
     if eos {
         outcome.note(format!(
