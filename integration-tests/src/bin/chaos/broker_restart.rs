@@ -21,6 +21,10 @@ const RESUME_WITHIN: Duration = Duration::from_secs(60);
 /// Runs the scenario.
 pub async fn run(env: Env) -> Result<Outcome> {
     let mut outcome = Outcome::new("broker-restart");
+    if !env.own_broker {
+        outcome.skipped = Some("the broker may be shared: pass --own-broker to let this scenario restart it".into());
+        return Ok(outcome);
+    }
     if let Some(why) = broker::not_ours()? {
         outcome.skipped = Some(why);
         return Ok(outcome);

@@ -69,6 +69,11 @@ struct Args {
     /// the suite).
     #[arg(long)]
     strict: bool,
+    /// The broker at `KAFKA_BOOTSTRAP_SERVERS` was started for this run (by `scripts/kafka` with this
+    /// environment) and `broker-restart` may kill and restart it; without this flag that scenario is
+    /// skipped, so that a shared broker is never restarted by accident.
+    #[arg(long)]
+    own_broker: bool,
     /// Keep the run directory (journals, ledgers, worker logs) even when every scenario passes.
     #[arg(long)]
     keep: bool,
@@ -87,6 +92,8 @@ pub struct Env {
     pub seed: u64,
     /// This scenario's generator.
     pub rng: StdRng,
+    /// Whether the broker may be restarted (`--own-broker`).
+    pub own_broker: bool,
 }
 
 fn scenario_seed(seed: u64, name: &str) -> u64 {
@@ -154,6 +161,7 @@ fn main() -> Result<()> {
             profile: profile.clone(),
             seed,
             rng: StdRng::seed_from_u64(scenario_seed(seed, name)),
+            own_broker: args.own_broker,
         };
         let t0 = Instant::now();
         let outcome = match runtime.block_on(run_scenario(name, env)) {
