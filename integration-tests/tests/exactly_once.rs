@@ -321,7 +321,7 @@ async fn injected_aborts_are_rewound_and_the_result_stays_exactly_once() -> Resu
     }
     let config = PipelineConfig::new(bootstrap(), &group, [&input])
         .exactly_once(ExactlyOnce::default().transactional_id(format!("{group}-tx")).inject_abort_ratio(1.0 / 3.0))
-        .commit_interval(Duration::from_millis(50))
+        .commit_interval(Duration::from_millis(30))
         .bounds(Bounds { max_concurrency: 8, ..Bounds::default() });
     let pipeline = Pipeline::new(config, Copy(output.clone()))?;
     let (stats, stop) = (pipeline.stats(), pipeline.shutdown_token());
@@ -345,7 +345,7 @@ async fn injected_aborts_are_rewound_and_the_result_stays_exactly_once() -> Resu
         tally.duplicates(),
         s.processed
     );
-    assert!(s.transactions_injected_aborts >= 5, "aborts were injected");
+    assert!(s.transactions_injected_aborts >= 3, "aborts were injected");
     assert!(s.rewinds >= s.transactions_injected_aborts, "every aborted transaction rewound its partitions");
     assert!(s.processed > N as u64, "aborted work was redone");
     assert_eq!(tally.seen.len(), N, "every input in the output");

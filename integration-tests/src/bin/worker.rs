@@ -6,16 +6,32 @@
 //! With `--output-topic` it is also a copier: every record is emitted to that topic with the same
 //! key and the value `<partition> <offset> <input value>`, in exactly-once mode with
 //! `--exactly-once`. Records whose value starts with `poison` fail permanently (→ DLQ).
+//!
+//! Options the chaos suite (`millrace-chaos`) uses on top:
+//! - `--stats-file PATH`: the pipeline's counters, rewritten every 250 ms (atomically, by rename), so
+//!   a SIGKILLed incarnation still leaves its last figures behind.
+//! - `--effect-ledger PATH`: the effect goes to an idempotent downstream keyed by
+//!   `ctx.idempotency_key()` (an append-only file of `<key> <value>` lines; a key already there is
+//!   absorbed, not applied again) — how the framework tells users to close the one window the dedup
+//!   store leaves (a crash between the effect and the dedup write, invariant D2).
+//! - `--decode-utf8`: the processor is a typed one (`Typed<_, Utf8>`): values that are not UTF-8
+//!   never reach it and go to the DLQ with error kind `decode`.
+//! - Values starting with `panic` make the processor panic (→ DLQ, kind `panic`); values starting
+//!   with `inflate` emit an output of `--inflate-bytes` bytes, over the producer's
+//!   `message.max.bytes` by default (→ DLQ, kind `permanent`).
 
 use anyhow::Result;
 use clap::Parser;
+use millrace::codec::Utf8;
+use millrace::typed::{Typed, TypedProcessor};
 use millrace::{
     Bounds, Context, DedupConfig, ExactlyOnce, Ordering, OutputRecord, Pipeline, PipelineConfig, ProcessError,
-    Processor, Record,
+    Processor, Record, Stats,
 };
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::path::PathBuf;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -65,12 +81,67 @@ struct Args {
     /// Share of transactions aborted on purpose (exactly-once).
     #[arg(long, default_value_t = 0.0)]
     abort_ratio: f64,
+    /// `transaction.timeout.ms` (exactly-once); the framework's default when unset.
+    #[arg(long)]
+    transaction_timeout_ms: Option<u64>,
+    /// Rewrite the pipeline's counters to this file every 250 ms.
+    #[arg(long)]
+    stats_file: Option<PathBuf>,
+    /// Apply each record's effect to this idempotent ledger, keyed by `ctx.idempotency_key()`.
+    #[arg(long)]
+    effect_ledger: Option<PathBuf>,
+    /// Decode values as UTF-8 before the processor (undecodable ones go to the DLQ).
+    #[arg(long)]
+    decode_utf8: bool,
+    /// Size of the output emitted for an `inflate…` record.
+    #[arg(long, default_value_t = 2_000_000)]
+    inflate_bytes: usize,
+}
+
+/// An idempotent downstream: applies an effect once per idempotency key, across restarts.
+struct Ledger {
+    state: Mutex<(File, HashSet<Vec<u8>>)>,
+}
+
+impl Ledger {
+    fn open(path: &Path) -> Result<Self> {
+        let mut file = OpenOptions::new().create(true).read(true).append(true).open(path)?;
+        let mut text = Vec::new();
+        file.read_to_end(&mut text)?;
+        // A line torn by a kill is not an applied effect; end it so the next line stands alone.
+        if text.last().is_some_and(|b| *b != b'\n') {
+            file.write_all(b"\n")?;
+        }
+        let keys = text
+            .split(|b| *b == b'\n')
+            .filter(|line| !line.is_empty())
+            .filter_map(|line| line.split(|b| *b == b' ').next().map(<[u8]>::to_vec))
+            .collect();
+        Ok(Self { state: Mutex::new((file, keys)) })
+    }
+
+    /// Applies the effect unless `key` was applied before; one `write` per effect.
+    fn apply(&self, key: &[u8], value: &[u8]) -> std::io::Result<bool> {
+        let mut state = self.state.lock().expect("ledger lock");
+        if state.1.contains(key) {
+            return Ok(false);
+        }
+        let mut line = key.to_vec();
+        line.push(b' ');
+        line.extend_from_slice(value);
+        line.push(b'\n');
+        state.0.write_all(&line)?;
+        state.1.insert(key.to_vec());
+        Ok(true)
+    }
 }
 
 struct Journaling {
     file: Mutex<File>,
     delay: (u64, u64),
     output: Option<String>,
+    ledger: Option<Ledger>,
+    inflate_bytes: usize,
 }
 
 impl Processor for Journaling {
@@ -93,15 +164,111 @@ impl Processor for Journaling {
         if value.starts_with(b"poison") {
             return Err(ProcessError::permanent("poison record"));
         }
+        if value.starts_with(b"panic") {
+            panic!("the processor panics on {}", String::from_utf8_lossy(value));
+        }
+        if let Some(ledger) = &self.ledger {
+            let coordinates = format!("{}/{}/{}", record.topic, record.partition, record.offset).into_bytes();
+            let key = ctx.idempotency_key().map_or(coordinates, <[u8]>::to_vec);
+            ledger.apply(&key, value).map_err(ProcessError::transient)?;
+        }
         if let Some(topic) = &self.output {
             let mut out = format!("{} {} ", record.partition, record.offset).into_bytes();
             out.extend_from_slice(value);
+            if value.starts_with(b"inflate") {
+                out.resize(self.inflate_bytes.max(out.len()), b'.');
+            }
             let mut out = OutputRecord::to(topic).value(out);
             out.key = record.key.clone();
             ctx.emit(out).await?;
         }
         Ok(())
     }
+}
+
+/// [`Journaling`] behind a UTF-8 decoder (`--decode-utf8`).
+struct Decoded(Journaling);
+
+impl TypedProcessor for Decoded {
+    type Input = String;
+
+    async fn process(&self, _input: String, record: &Record, ctx: &Context) -> Result<(), ProcessError> {
+        self.0.process(record, ctx).await
+    }
+
+    fn name(&self) -> &str {
+        "Journaling"
+    }
+}
+
+/// One line of counters (`name=value …`), also the body of `--stats-file`.
+fn stats_line(stats: &Stats) -> String {
+    let s = stats.snapshot();
+    format!(
+        "polled={} processed={} dead_lettered={} panics={} dedup_hits={} dedup_restored={} dedup_restores={} assigned={} assignments={} revocations={} commits={} commit_failures={} discarded_on_revoke={} transactions={} aborted={} injected_aborts={} rewinds={} in_flight_peak={} running_peak={}",
+        s.polled,
+        s.processed,
+        s.dead_lettered,
+        s.panics,
+        s.dedup_hits,
+        s.dedup_restored,
+        s.dedup_restores,
+        s.assigned_partitions,
+        s.assignments,
+        s.revocations,
+        s.commits,
+        s.commit_failures,
+        s.discarded_on_revoke,
+        s.transactions_committed,
+        s.transactions_aborted,
+        s.transactions_injected_aborts,
+        s.rewinds,
+        s.in_flight_peak,
+        s.running_peak
+    )
+}
+
+/// Replaces `path` with the current counters (write a temporary file, then rename).
+fn write_stats(path: &Path, stats: &Stats) {
+    let tmp = path.with_extension("tmp");
+    if std::fs::write(&tmp, stats_line(stats) + "\n").is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
+}
+
+async fn run<P: Processor>(config: PipelineConfig, processor: P, stats_file: Option<PathBuf>) -> Result<()> {
+    let pipeline = Pipeline::new(config, processor)?;
+    let stats = pipeline.stats();
+    if let Some(path) = stats_file.clone() {
+        let stats = stats.clone();
+        tokio::spawn(async move {
+            loop {
+                write_stats(&path, &stats);
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        });
+    }
+    let result = pipeline.run_until_signal().await;
+    if let Some(path) = &stats_file {
+        write_stats(path, &stats);
+    }
+    let summary = result?;
+    // One machine-readable line for the parent test.
+    let s = stats.snapshot();
+    println!(
+        "SUMMARY processed={} failed={} drained={} in_flight_peak={} running_peak={} revocations={} assignments={} dedup_hits={} transactions={} aborted={}",
+        summary.processed,
+        summary.failed,
+        summary.drained,
+        s.in_flight_peak,
+        s.running_peak,
+        s.revocations,
+        s.assignments,
+        s.dedup_hits,
+        s.transactions_committed,
+        s.transactions_aborted
+    );
+    Ok(())
 }
 
 #[tokio::main]
@@ -137,6 +304,9 @@ async fn main() -> Result<()> {
         if let Some(id) = &args.transactional_id {
             eo = eo.transactional_id(id);
         }
+        if let Some(ms) = args.transaction_timeout_ms {
+            eo = eo.transaction_timeout(Duration::from_millis(ms));
+        }
         config = config.exactly_once(eo).commit_interval(Duration::from_millis(args.commit_interval_ms));
     }
     if let Some(n) = args.commit_every_records {
@@ -151,24 +321,12 @@ async fn main() -> Result<()> {
         file: Mutex::new(file),
         delay: (args.delay_min_ms, args.delay_max_ms),
         output: args.output_topic.clone(),
+        ledger: args.effect_ledger.as_deref().map(Ledger::open).transpose()?,
+        inflate_bytes: args.inflate_bytes,
     };
-    let pipeline = Pipeline::new(config, processor)?;
-    let stats = pipeline.stats();
-    let summary = pipeline.run_until_signal().await?;
-    // One machine-readable line for the parent test.
-    let s = stats.snapshot();
-    println!(
-        "SUMMARY processed={} failed={} drained={} in_flight_peak={} running_peak={} revocations={} assignments={} dedup_hits={} transactions={} aborted={}",
-        summary.processed,
-        summary.failed,
-        summary.drained,
-        s.in_flight_peak,
-        s.running_peak,
-        s.revocations,
-        s.assignments,
-        s.dedup_hits,
-        s.transactions_committed,
-        s.transactions_aborted
-    );
-    Ok(())
+    if args.decode_utf8 {
+        run(config, Typed::new(Decoded(processor), Utf8), args.stats_file).await
+    } else {
+        run(config, processor, args.stats_file).await
+    }
 }
