@@ -148,7 +148,11 @@ async fn write<P: Processor>(
     now: i64,
 ) -> Result<(), String> {
     let store = |key: &[u8]| {
-        dedup.store.partition(&record.topic, record.partition).and_then(|part| part.record(key, now)).map_err(|e| e.to_string())
+        dedup
+            .store
+            .partition(&record.topic, record.partition)
+            .and_then(|part| part.record(key, now))
+            .map_err(|e| e.to_string())
     };
     if !dedup.config.changelog {
         return store(key);
