@@ -118,7 +118,7 @@ pub async fn copier_sigkill(mut env: Env) -> Result<Outcome> {
     produce(&input, inputs).await?;
     let spec = WorkerSpec::new(&env.worker, &env.dir, "copier", &input, &group)
         .args(["--output-topic", &output, "--exactly-once", "--transactional-id", &format!("{group}-tx")])
-        .args(["--abort-ratio", "0.33", "--commit-interval-ms", "100"])
+        .args(["--abort-ratio", "0.33", "--commit-interval-ms", "100", "--commit-every-records", "750"])
         .args(["--delay-min-ms", "1", "--delay-max-ms", "3", "--concurrency", "16"])
         // Static membership: a restarted copier takes its partitions back at once.
         .consumer_prop("group.instance.id", &format!("{group}-1"))
