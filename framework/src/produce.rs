@@ -11,12 +11,12 @@ use std::time::Duration;
 
 /// Queues `record`, waiting while librdkafka's queue is full. Returns the delivery to await.
 pub(crate) async fn enqueue(producer: &Producer, record: &OutputRecord) -> Result<DeliveryFuture, EmitError> {
-    let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
-    for h in record.headers.iter() {
-        headers = headers.insert(KafkaHeader { key: &h.name, value: h.value.as_deref() });
-    }
+    let headers = kafka_headers(&record.headers);
     loop {
-        let mut fr: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&record.topic).headers(headers.clone());
+        let mut fr: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&record.topic);
+        if let Some(h) = &headers {
+            fr = fr.headers(h.clone());
+        }
         if let Some(k) = record.key.as_deref() {
             fr = fr.key(k);
         }
@@ -35,6 +35,15 @@ pub(crate) async fn enqueue(producer: &Producer, record: &OutputRecord) -> Resul
             Err((source, _)) => return Err(EmitError::NotAcknowledged { topic: record.topic.clone(), source }),
         }
     }
+}
+
+/// An output's headers as librdkafka takes them; `None` when there are none (saves an allocation).
+pub(crate) fn kafka_headers(headers: &crate::record::Headers) -> Option<OwnedHeaders> {
+    (!headers.is_empty()).then(|| {
+        headers.iter().fold(OwnedHeaders::new_with_capacity(headers.len()), |all, h| {
+            all.insert(KafkaHeader { key: &h.name, value: h.value.as_deref() })
+        })
+    })
 }
 
 /// Awaits one delivery.

@@ -37,7 +37,6 @@ use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 use std::sync::{Arc, Mutex};
@@ -369,13 +368,7 @@ impl Transactions {
 
     /// Queues one output in the open transaction, waiting while the producer queue is full.
     fn send(&self, out: &OutputRecord) -> Result<(), KafkaError> {
-        let mut headers = (!out.headers.is_empty()).then(|| {
-            let mut headers = OwnedHeaders::new_with_capacity(out.headers.len());
-            for h in out.headers.iter() {
-                headers = headers.insert(KafkaHeader { key: &h.name, value: h.value.as_deref() });
-            }
-            headers
-        });
+        let mut headers = crate::produce::kafka_headers(&out.headers);
         loop {
             let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&out.topic);
             if let Some(h) = headers.take() {
