@@ -188,6 +188,12 @@ impl Transactions {
             if entries.is_empty() && !moved {
                 continue;
             }
+            // Carried from here on: if the transaction aborts below, this partition is rewound (its
+            // entries were taken and are lost with the transaction).
+            match known {
+                Some(i) => open.parts[i].1 = end,
+                None => open.parts.push((h.clone(), end)),
+            }
             if !open.began {
                 if let Err(e) = self.producer.begin_transaction() {
                     return Err(match classify(&e) {
@@ -200,10 +206,6 @@ impl Transactions {
                 }
                 open.began = true;
                 Stats::bump(&self.stats.commits);
-            }
-            match known {
-                Some(i) => open.parts[i].1 = end,
-                None => open.parts.push((h.clone(), end)),
             }
             let now = crate::dlq::now_ms();
             for entry in entries {
