@@ -159,7 +159,7 @@ pub async fn copier_sigkill(mut env: Env) -> Result<Outcome> {
         slot.stat("rewinds"),
         slot.stat("processed"),
     ));
-    outcome.note("commit trigger: every 100 ms (the framework commits by time only, not every 750 records)");
+    outcome.note("commit trigger: every 750 finished records or every 100 ms, whichever comes first");
     Ok(outcome)
 }
 
