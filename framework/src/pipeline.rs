@@ -441,15 +441,13 @@ impl<P: Processor> PollLoop<'_, P> {
             if paused && self.shared.resume_hint.swap(false, Relaxed) {
                 self.resume_drained();
             }
-            if let Some(txn) = &self.hooks().transactions {
-                let deferred = txn.take_deferred_rewinds();
-                if !deferred.is_empty()
-                    && let Err(e) = self.hooks().rewind(self.consumer, &deferred)
-                {
-                    result = Err(Error::Transaction(e));
+            // Once per batch, not per record (`check_clock`).
+            if let Some(txn) = self.hooks().transactions.as_ref().filter(|_| check_clock) {
+                if let Err(e) = self.rewind_deferred() {
+                    result = Err(e);
                     break;
                 }
-                if check_clock && Instant::now() >= next_pump {
+                if Instant::now() >= next_pump {
                     self.flush(&mut batches);
                     let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
                     if let Err(outcome) = txn.pump(&handles)
@@ -567,6 +565,7 @@ impl<P: Processor> PollLoop<'_, P> {
     /// transaction (exactly-once). An error stops the pipeline.
     fn commit_progress(&self) -> Result<(), Error> {
         if let Some(txn) = &self.hooks().transactions {
+            self.rewind_deferred()?;
             let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
             return self.after_transaction(txn.commit(self.consumer, &handles));
         }
@@ -589,6 +588,18 @@ impl<P: Processor> PollLoop<'_, P> {
             self.hooks().recommit.store(true, Relaxed);
         }
         Ok(())
+    }
+
+    /// Exactly-once: rewinds the partitions an abort inside a rebalance callback left for after the
+    /// poll. Runs before anything else moves their work into a transaction (their aborted entries
+    /// are gone, so nothing of theirs may commit before the rewind).
+    fn rewind_deferred(&self) -> Result<(), Error> {
+        let Some(txn) = &self.hooks().transactions else { return Ok(()) };
+        let deferred = txn.take_deferred_rewinds();
+        if deferred.is_empty() {
+            return Ok(());
+        }
+        self.hooks().rewind(self.consumer, &deferred).map_err(Error::Transaction)
     }
 
     /// Acts on how a transaction step ended: rewinds after an abort, stops after a fatal error.

@@ -176,8 +176,10 @@ impl Transactions {
         if self.fatal.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
             return Err(TxnOutcome::Fatal);
         }
+        // Partitions waiting for a rewind lost entries in an abort: nothing of theirs may commit.
+        let waiting: Vec<Arc<PartitionHandle>> = self.rewind_later.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut open = self.open();
-        for h in handles {
+        for h in handles.iter().filter(|h| !waiting.iter().any(|w| Arc::ptr_eq(w, h))) {
             let Some(end) = h.committable() else { continue };
             let known = open.parts.iter().position(|(p, _)| Arc::ptr_eq(p, h));
             let moved = match known {
