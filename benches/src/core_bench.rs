@@ -188,10 +188,7 @@ async fn measure_all(plan: &Plan, groups: &mut Vec<String>) -> anyhow::Result<Ve
     );
 
     println!();
-    println!(
-        "{:>4}  {:<8}  {:>11}  {:>12}  {:>9}  {:>11}  {:>7}  {:>7}",
-        "pair", "side", "records/s", "steady rec/s", "elapsed s", "1st record s", "cpu s", "cpu s/M"
-    );
+    println!("{:>4}  {:<8}  {}", "pair", "side", crate::measure::column_headers());
     let mut runs = Vec::new();
     for pair in 1..=plan.pairs {
         for &side in &plan.sides {
@@ -209,16 +206,7 @@ async fn measure_all(plan: &Plan, groups: &mut Vec<String>) -> anyhow::Result<Ve
                     (m, Some(note))
                 }
             };
-            println!(
-                "{pair:>4}  {:<8}  {:>11.0}  {:>12.0}  {:>9.3}  {:>11.3}  {:>7.2}  {:>7.2}",
-                side.name(),
-                m.rps(),
-                m.steady_rps(),
-                m.elapsed.as_secs_f64(),
-                m.first_record.as_secs_f64(),
-                m.cpu.as_secs_f64(),
-                m.cpu_s_per_m(),
-            );
+            println!("{pair:>4}  {:<8}  {}", side.name(), m.columns());
             if let Some(note) = note {
                 println!("{:>4}  {:<8}  {note}", "", "");
             }

@@ -124,7 +124,28 @@ pub struct Measurement {
     pub cpu: Duration,
 }
 
+/// The headers of [`Measurement::columns`], aligned with them.
+pub fn column_headers() -> String {
+    format!(
+        "{:>11}  {:>12}  {:>9}  {:>12}  {:>7}  {:>7}",
+        "records/s", "steady rec/s", "elapsed s", "1st record s", "cpu s", "cpu s/M"
+    )
+}
+
 impl Measurement {
+    /// The run's figures as table columns, under [`column_headers`].
+    pub fn columns(&self) -> String {
+        format!(
+            "{:>11.0}  {:>12.0}  {:>9.3}  {:>12.3}  {:>7.2}  {:>7.2}",
+            self.rps(),
+            self.steady_rps(),
+            self.elapsed.as_secs_f64(),
+            self.first_record.as_secs_f64(),
+            self.cpu.as_secs_f64(),
+            self.cpu_s_per_m()
+        )
+    }
+
     /// Records per second over the whole run.
     pub fn rps(&self) -> f64 {
         self.records as f64 / self.elapsed.as_secs_f64()

@@ -245,10 +245,7 @@ async fn measure_all(
     for (index, size) in plan.sizes.iter().enumerate() {
         println!();
         println!("{} B values, {} records per run:", size.load.value_size, size.load.records);
-        println!(
-            "{:>5}  {:<15}  {:>11}  {:>12}  {:>9}  {:>10}  {:>7}  {:>7}",
-            "round", "workload", "records/s", "steady rec/s", "elapsed s", "1st rec s", "cpu s", "cpu s/M"
-        );
+        println!("{:>5}  {:<15}  {}", "round", "workload", crate::measure::column_headers());
         for round in 1..=plan.pairs {
             let mut order = plan.workloads.clone();
             if round % 2 == 0 {
@@ -266,17 +263,7 @@ async fn measure_all(
                 }
                 match outcome {
                     Ok(done) => {
-                        let m = &done.m;
-                        println!(
-                            "{round:>5}  {:<15}  {:>11.0}  {:>12.0}  {:>9.3}  {:>10.3}  {:>7.2}  {:>7.2}",
-                            workload.label(),
-                            m.rps(),
-                            m.steady_rps(),
-                            m.elapsed.as_secs_f64(),
-                            m.first_record.as_secs_f64(),
-                            m.cpu.as_secs_f64(),
-                            m.cpu_s_per_m(),
-                        );
+                        println!("{round:>5}  {:<15}  {}", workload.label(), done.m.columns());
                         println!("{:>5}  {:<15}  {}", "", "", done.note);
                         results.runs.entry((index, workload)).or_default().push(Ok(done));
                     }

@@ -108,14 +108,7 @@ fn ratios(results: &Results, area: &Area<'_>) -> DrawResult {
         .configure_mesh()
         .disable_y_mesh()
         .y_labels(n)
-        .y_label_formatter(&|y| {
-            let i = y.round();
-            if (y - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < n {
-                labels[n - 1 - i as usize].clone()
-            } else {
-                String::new()
-            }
-        })
+        .y_label_formatter(&|y| bar_label(&labels, *y))
         .x_desc("A / B, ratio of median records/s")
         .label_style(("sans-serif", 15))
         .draw()?;
@@ -183,14 +176,7 @@ fn slow_table(slow: &Line, area: &Area<'_>) -> DrawResult {
         .configure_mesh()
         .disable_y_mesh()
         .y_labels(n)
-        .y_label_formatter(&|y| {
-            let i = y.round();
-            if (y - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < n {
-                labels[n - 1 - i as usize].clone()
-            } else {
-                String::new()
-            }
-        })
+        .y_label_formatter(&|y| bar_label(&labels, *y))
         .x_label_formatter(&|x| format!("{x:.0}"))
         .x_desc("records/s (log scale)")
         .label_style(("sans-serif", 15))
@@ -222,4 +208,14 @@ fn slow_table(slow: &Line, area: &Area<'_>) -> DrawResult {
             .draw()?;
     }
     Ok(())
+}
+
+/// The label of the horizontal bar at `y` (bars are listed top to bottom; ticks between bars get none).
+fn bar_label(labels: &[String], y: f64) -> String {
+    let (n, i) = (labels.len(), y.round());
+    if (y - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < n {
+        labels[n - 1 - i as usize].clone()
+    } else {
+        String::new()
+    }
 }
