@@ -8,11 +8,10 @@
 use crate::Env;
 use crate::broker;
 use crate::check::{self, ConcurrentReader, committed_total};
-use crate::copier::{id_inputs, wait_progress};
+use crate::copier::{CopyTopics, copy_topics, wait_progress};
 use crate::fleet::{Slot, WorkerSpec};
 use crate::outcome::Outcome;
 use anyhow::Result;
-use millrace_integration_tests::{create_topic, produce, unique};
 use std::time::{Duration, Instant};
 
 /// The longest the pipeline may take to commit again once the broker is back.
@@ -31,13 +30,7 @@ pub async fn run(env: Env) -> Result<Outcome> {
     }
     let n = env.profile.broker_records;
     outcome.records = n;
-    let (input, output, group) = (unique("chaos-broker-in"), unique("chaos-broker-out"), unique("chaos-broker"));
-    outcome.note(format!("input {input}, output {output}, group {group}"));
-    create_topic(&input, 2).await?;
-    create_topic(&output, 3).await?;
-    let inputs = id_inputs(n);
-    let expected: Vec<Vec<u8>> = inputs.iter().map(|(_, v)| v.clone()).collect();
-    produce(&input, inputs).await?;
+    let CopyTopics { input, output, group, expected } = copy_topics("broker", n, (2, 3), &mut outcome).await?;
     // Slow enough (4 at a time, 5–15 ms each) that the stream outlasts the restarts.
     let spec = WorkerSpec::new(&env.worker, &env.dir, "copier", &input, &group)
         .args(["--output-topic", &output, "--exactly-once", "--transactional-id", &format!("{group}-tx")])

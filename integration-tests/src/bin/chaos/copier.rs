@@ -19,6 +19,29 @@ pub fn id_inputs(n: usize) -> Vec<(String, Vec<u8>)> {
     (0..n).map(|i| (format!("k{}", i % KEYS), format!("id-{i}").into_bytes())).collect()
 }
 
+/// The topics and group of a copy scenario, with the input loaded.
+pub struct CopyTopics {
+    pub input: String,
+    pub output: String,
+    pub group: String,
+    /// The input values, each of which must appear in the output.
+    pub expected: Vec<Vec<u8>>,
+}
+
+/// Creates fresh `chaos-<name>-in` (`partitions.0` partitions) and `chaos-<name>-out`
+/// (`partitions.1`) topics and a group name, loads `n` [`id_inputs`], and notes the names.
+pub async fn copy_topics(name: &str, n: usize, partitions: (i32, i32), outcome: &mut Outcome) -> Result<CopyTopics> {
+    let (input, output, group) =
+        (unique(&format!("chaos-{name}-in")), unique(&format!("chaos-{name}-out")), unique(&format!("chaos-{name}")));
+    outcome.note(format!("input {input}, output {output}, group {group}"));
+    create_topic(&input, partitions.0).await?;
+    create_topic(&output, partitions.1).await?;
+    let inputs = id_inputs(n);
+    let expected = inputs.iter().map(|(_, v)| v.clone()).collect();
+    produce(&input, inputs).await?;
+    Ok(CopyTopics { input, output, group, expected })
+}
+
 /// Waits until the group committed at least `target` input records in total, restarting the
 /// worker if it exited by itself.
 pub async fn wait_progress(
@@ -109,13 +132,7 @@ pub async fn copier_sigkill(mut env: Env) -> Result<Outcome> {
     let n = env.profile.copier_records;
     let mut outcome = Outcome::new("copier-sigkill");
     outcome.records = n;
-    let (input, output, group) = (unique("chaos-copier-in"), unique("chaos-copier-out"), unique("chaos-copier"));
-    outcome.note(format!("input {input}, output {output}, group {group}"));
-    create_topic(&input, 2).await?;
-    create_topic(&output, 3).await?;
-    let inputs = id_inputs(n);
-    let expected: Vec<Vec<u8>> = inputs.iter().map(|(_, v)| v.clone()).collect();
-    produce(&input, inputs).await?;
+    let CopyTopics { input, output, group, expected } = copy_topics("copier", n, (2, 3), &mut outcome).await?;
     let spec = WorkerSpec::new(&env.worker, &env.dir, "copier", &input, &group)
         .args(["--output-topic", &output, "--exactly-once", "--transactional-id", &format!("{group}-tx")])
         .args(["--abort-ratio", "0.33", "--commit-interval-ms", "100", "--commit-every-records", "750"])
@@ -169,12 +186,7 @@ pub async fn negative_control(mut env: Env) -> Result<Outcome> {
     let n = env.profile.control_records;
     let mut outcome = Outcome::new("negative-control");
     outcome.records = n;
-    let (input, output, group) = (unique("chaos-control-in"), unique("chaos-control-out"), unique("chaos-control"));
-    create_topic(&input, 2).await?;
-    create_topic(&output, 3).await?;
-    let inputs = id_inputs(n);
-    let expected: Vec<Vec<u8>> = inputs.iter().map(|(_, v)| v.clone()).collect();
-    produce(&input, inputs).await?;
+    let CopyTopics { input, output, group, expected } = copy_topics("control", n, (2, 3), &mut outcome).await?;
     let spec = WorkerSpec::new(&env.worker, &env.dir, "control", &input, &group)
         .args(["--output-topic", &output, "--commit-interval-ms", "1000", "--delay-max-ms", "2", "--concurrency", "64"])
         .consumer_prop("group.instance.id", &format!("{group}-1"))

@@ -6,11 +6,11 @@
 
 use crate::Env;
 use crate::check::{self, ConcurrentReader};
-use crate::copier::id_inputs;
+use crate::copier::{CopyTopics, copy_topics};
 use crate::fleet::{Slot, WorkerSpec};
 use crate::outcome::Outcome;
 use anyhow::Result;
-use millrace_integration_tests::{create_topic, produce, signal, unique};
+use millrace_integration_tests::signal;
 use rand::RngExt;
 use std::time::{Duration, Instant};
 
@@ -26,13 +26,8 @@ pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
     let n = env.profile.storm_records;
     let mut outcome = Outcome::new(name);
     outcome.records = n;
-    let (input, output, group) = (unique("chaos-storm-in"), unique("chaos-storm-out"), unique("chaos-storm"));
-    outcome.note(format!("input {input}, output {output}, group {group}"));
-    create_topic(&input, INPUT_PARTITIONS).await?;
-    create_topic(&output, OUTPUT_PARTITIONS).await?;
-    let inputs = id_inputs(n);
-    let expected: Vec<Vec<u8>> = inputs.iter().map(|(_, v)| v.clone()).collect();
-    produce(&input, inputs).await?;
+    let CopyTopics { input, output, group, expected } =
+        copy_topics("storm", n, (INPUT_PARTITIONS, OUTPUT_PARTITIONS), &mut outcome).await?;
     let mut slots: Vec<Slot> = (0..SLOTS)
         .map(|i| {
             let mut spec = WorkerSpec::new(&env.worker, &env.dir, &format!("slot{i}"), &input, &group)
