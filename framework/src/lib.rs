@@ -11,8 +11,9 @@
 //! - [`context`]: what the processor sees; emitted outputs must be acknowledged before completion.
 //! - [`offsets`]: the completed prefix of each partition, which is what gets committed.
 //! - `rebalance` (internal): assign, revoke (drain, commit, release) and lost partitions.
-//! - `pending` and `transaction` (internal): exactly-once mode; completed records' outputs wait by
-//!   offset and commit with the input offsets in one Kafka transaction per commit interval.
+//! - `pending`, `transaction` and `txn_producer` (internal): exactly-once mode; completed records'
+//!   outputs wait by offset and commit with the input offsets in one Kafka transaction per commit
+//!   interval; the transactional producer is replaced when a broker outage leaves it unusable.
 //! - [`config`], [`error`], [`record`], [`stats`], [`shutdown`]: the supporting pieces.
 //! - [`typed`] and [`codec`]: typed processors decode the value before the processor sees it;
 //!   [`avro`] with a [`schema_registry`] is the codec for Avro in the Confluent wire format.
@@ -72,6 +73,7 @@ pub mod schema_registry;
 pub mod shutdown;
 pub mod stats;
 mod transaction;
+mod txn_producer;
 pub mod typed;
 
 pub use config::{Bounds, CircuitBreakerConfig, Delivery, DlqConfig, ExactlyOnce, Ordering, PipelineConfig};

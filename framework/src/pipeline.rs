@@ -25,7 +25,8 @@ use crate::processor::Processor;
 use crate::rebalance::{Assignments, Hooks, Starter, commit_now};
 use crate::record::Record;
 use crate::stats::Stats;
-use crate::transaction::{Transactions, TxnHooks, TxnOutcome, TxnProducer};
+use crate::transaction::{Transactions, TxnOutcome};
+use crate::txn_producer::TxnClient;
 use rdkafka::ClientConfig;
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
@@ -150,16 +151,10 @@ impl<P: Processor> Pipeline<P> {
         let transactions = match config.exactly_once_settings() {
             None => None,
             Some(eo) => {
-                let producer: TxnProducer = transactional_producer_config(&config, eo)
-                    .create_with_context(TxnHooks(log.clone()))
-                    .map_err(client_creation("transactional producer"))?;
-                Some(Arc::new(Transactions::new(
-                    producer,
-                    stats.clone(),
-                    dedup.clone(),
-                    eo.clone(),
-                    config.name.clone(),
-                )))
+                let client =
+                    TxnClient::new(transactional_producer_config(&config, eo), log.clone(), eo.transaction_timeout)
+                        .map_err(client_creation("transactional producer"))?;
+                Some(Arc::new(Transactions::new(client, stats.clone(), dedup.clone(), eo.clone(), config.name.clone())))
             }
         };
         let hooks = Hooks {
@@ -388,6 +383,7 @@ impl<P: Processor> PollLoop<'_, P> {
         let mut cache = HandleCache::default();
         let mut result = Ok(());
         let mut breaker_paused = false;
+        let mut producer_ready = true;
         while !self.stop.is_cancelled() {
             // The DLQ circuit breaker pauses every partition while open (newly assigned ones too).
             let breaker_flag = self.shared.stats.breaker_open.load(Relaxed) != 0;
@@ -438,6 +434,19 @@ impl<P: Processor> PollLoop<'_, P> {
                 result = Err(Error::Transaction(e));
                 break;
             }
+            if self.hooks().transactions.as_ref().is_some_and(|t| t.needs_reset()) {
+                match self.reset_transactions() {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        producer_ready = false; // stopped meanwhile: no producer to commit with
+                        break;
+                    }
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
             if paused && self.shared.resume_hint.swap(false, Relaxed) {
                 self.resume_drained();
             }
@@ -475,7 +484,7 @@ impl<P: Processor> PollLoop<'_, P> {
         }
         // Records batched but never handed over were not tracked: they are simply not committed.
         drop(batches);
-        let drained = self.shutdown(result.is_ok());
+        let drained = self.shutdown(result.is_ok() && producer_ready);
         let s = self.shared.stats.snapshot();
         result.map(|()| RunSummary { processed: s.processed, failed: s.failed, drained })
     }
@@ -607,6 +616,8 @@ impl<P: Processor> PollLoop<'_, P> {
         match outcome {
             TxnOutcome::Idle | TxnOutcome::Committed => Ok(()),
             TxnOutcome::Aborted(rewind) => self.hooks().rewind(self.consumer, &rewind).map_err(Error::Transaction),
+            // The poll loop resets before its next poll (it checks `needs_reset`).
+            TxnOutcome::Reset => Ok(()),
             TxnOutcome::Fatal => Err(self
                 .hooks()
                 .transactions
@@ -614,6 +625,20 @@ impl<P: Processor> PollLoop<'_, P> {
                 .and_then(|t| t.take_fatal())
                 .map_or_else(|| Error::Runtime("transactions stopped on a fatal error".into()), Error::Transaction)),
         }
+    }
+
+    /// Exactly-once, after [`TxnOutcome::Reset`]: replaces the transactional producer, then rewinds
+    /// every owned partition to the offsets the group coordinator holds (read once the new
+    /// producer's `init_transactions` settled the old transaction, so they are the truth whether it
+    /// committed or not). `Ok(false)` when the pipeline was stopped meanwhile.
+    fn reset_transactions(&self) -> Result<bool, Error> {
+        let Some(txn) = &self.hooks().transactions else { return Ok(true) };
+        if !txn.reset(&self.stop).map_err(Error::Transaction)? {
+            return Ok(false);
+        }
+        let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
+        self.hooks().rewind_to_group_offsets(self.consumer, &handles, &self.stop).map_err(Error::Transaction)?;
+        Ok(!self.stop.is_cancelled())
     }
 
     /// Stop: every partition task finishes its running and queued records until the drain deadline;

@@ -163,6 +163,48 @@ impl Hooks {
     /// so the records whose outputs were aborted are redone. An error means a partition could not
     /// be rewound: committing anything further for it could skip records, so the caller stops.
     pub(crate) fn rewind(&self, consumer: &BaseConsumer<Self>, handles: &[Arc<PartitionHandle>]) -> KafkaResult<()> {
+        self.rewind_to(consumer, handles, PartitionHandle::rewind_target)
+    }
+
+    /// Exactly-once, after the transactional producer was replaced: like [`rewind`](Self::rewind),
+    /// but to the offsets the group coordinator holds, which a consumer reading `read_committed`
+    /// fetches with `require_stable` (so they are final once no transaction of this member is
+    /// pending). Retried while the coordinator is unreachable, until `stop`.
+    pub(crate) fn rewind_to_group_offsets(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        handles: &[Arc<PartitionHandle>],
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> KafkaResult<()> {
+        let mut tpl = TopicPartitionList::new();
+        for h in handles {
+            tpl.add_partition(&h.topic, h.partition);
+        }
+        let committed = loop {
+            match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
+                Ok(c) => break c,
+                Err(e) if stop.is_cancelled() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(pipeline = %self.name, error = %e, "fetching committed offsets failed; retrying");
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            }
+        };
+        self.rewind_to(consumer, handles, |h| {
+            match committed.find_partition(&h.topic, h.partition).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => Some(o),
+                // Nothing committed for this group yet: where this epoch started.
+                _ => h.rewind_target(),
+            }
+        })
+    }
+
+    fn rewind_to(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        handles: &[Arc<PartitionHandle>],
+        target: impl Fn(&PartitionHandle) -> Option<i64>,
+    ) -> KafkaResult<()> {
         let Some(start) = self.starter.get() else { return Ok(()) };
         for old in handles {
             let replaced = {
@@ -190,7 +232,7 @@ impl Hooks {
                 tpl.add_partition(&old.topic, old.partition);
                 consumer.resume(&tpl)?;
             }
-            if let Some(target) = old.rewind_target() {
+            if let Some(target) = target(old) {
                 consumer.seek(&old.topic, old.partition, Offset::Offset(target), Duration::from_secs(10))?;
                 tracing::info!(pipeline = %self.name, topic = %old.topic, partition = old.partition, offset = target, "rewound");
             }

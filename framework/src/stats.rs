@@ -33,6 +33,7 @@ pub struct Stats {
     pub(crate) transactions_aborted: AtomicU64,
     pub(crate) transactions_injected_aborts: AtomicU64,
     pub(crate) rewinds: AtomicU64,
+    pub(crate) producer_resets: AtomicU64,
     pub(crate) committed_outputs: AtomicU64,
 }
 
@@ -98,6 +99,9 @@ pub struct StatsSnapshot {
     pub transactions_injected_aborts: u64,
     /// Exactly-once: partitions rewound to their last committed offset after an abort.
     pub rewinds: u64,
+    /// Exactly-once: times the transactional producer was replaced after a broker outage left it
+    /// unusable (every owned partition was then rewound to its committed offset).
+    pub producer_resets: u64,
     /// Exactly-once: output records (emitted and dead-lettered) in committed transactions.
     pub committed_outputs: u64,
 }
@@ -134,6 +138,7 @@ impl Stats {
             transactions_aborted: self.transactions_aborted.load(Relaxed),
             transactions_injected_aborts: self.transactions_injected_aborts.load(Relaxed),
             rewinds: self.rewinds.load(Relaxed),
+            producer_resets: self.producer_resets.load(Relaxed),
             committed_outputs: self.committed_outputs.load(Relaxed),
         }
     }

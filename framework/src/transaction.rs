@@ -20,33 +20,38 @@
 //! transaction: its offsets must not be committed by this member any more, and sent outputs cannot
 //! be taken back.
 //!
-//! Errors: a retriable error is retried; an abortable one (or the test-only injected abort) aborts
-//! the transaction, and the caller rewinds the partitions it carried to their last committed offsets
-//! (their outputs are gone, so the records are redone); a fatal one (`ProducerFenced`,
-//! `InvalidProducerEpoch`, …) stops the instance without committing anything further. Dedup keys
-//! reach the local store only after their transaction committed.
+//! Errors, and what each leaves to the caller ([`TxnOutcome`]):
+//! - a retriable error is retried until the transaction timeout (past it the coordinator aborts
+//!   the transaction anyway);
+//! - an abortable one (or the test-only injected abort) aborts the transaction; once
+//!   `abort_transaction` succeeded nothing of it is visible, and the caller rewinds the partitions
+//!   it carried to their last committed offsets ([`TxnOutcome::Aborted`]);
+//! - when the outcome is uncertain (the abort itself failed or timed out, or the producer turned
+//!   fatal after a broker outage: see [`crate::txn_producer`]) the producer is replaced and every
+//!   owned partition is rewound to the offsets the group coordinator holds, read with
+//!   `require_stable` once the new producer's `init_transactions` settled the old transaction
+//!   ([`TxnOutcome::Reset`]);
+//! - a fatal error with no outage since the last commit (another instance holds the transactional
+//!   id) stops the instance without committing anything further ([`TxnOutcome::Fatal`]).
+//!
+//! Dedup keys reach the local store only after their transaction committed.
 
 use crate::config::ExactlyOnce;
 use crate::dedup_changelog::Dedup;
-use crate::kafka_log::KafkaLog;
 use crate::partition::PartitionHandle;
 use crate::rebalance::Hooks;
 use crate::record::OutputRecord;
 use crate::stats::Stats;
-use rdkafka::client::ClientContext;
-use rdkafka::config::RDKafkaLogLevel;
+use crate::txn_producer::{TxnClient, TxnProducer, is_outage};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer as _};
 use rdkafka::{Offset, TopicPartitionList};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// Retries of a retriable transaction call before giving up on the transaction (aborting it).
-const RETRIES: u32 = 10;
-
-/// How one transaction ended.
+/// How one transaction step ended.
 #[derive(Debug)]
 pub(crate) enum TxnOutcome {
     /// Nothing to commit.
@@ -56,19 +61,24 @@ pub(crate) enum TxnOutcome {
     /// Aborted: these partitions' uncommitted work is lost and must be redone from their last
     /// committed offsets.
     Aborted(Vec<Arc<PartitionHandle>>),
+    /// The producer is unusable and the open transaction's fate unknown: replace the producer
+    /// ([`Transactions::reset`]) and rewind every owned partition to the coordinator's offsets.
+    Reset,
     /// Fatal: this instance must stop committing.
     Fatal,
 }
 
 /// The transactional producer's side of exactly-once mode.
 pub(crate) struct Transactions {
-    producer: TxnProducer,
+    client: TxnClient,
     stats: Arc<Stats>,
     dedup: Option<Arc<Dedup>>,
     settings: ExactlyOnce,
     name: String,
     /// The fatal error that stopped transactions, for the poll loop to report.
     fatal: Mutex<Option<KafkaError>>,
+    /// Why the producer must be replaced before the next transaction, once it must.
+    reset_cause: Mutex<Option<KafkaError>>,
     /// The transaction being filled (poll thread only; a mutex for the rebalance callbacks' sake).
     open: Mutex<OpenTxn>,
     /// Partitions to rewind once the poll thread is out of a rebalance callback.
@@ -89,6 +99,10 @@ fn classify(e: &KafkaError) -> Class {
         KafkaError::Transaction(r) if r.is_retriable() => Class::Retry,
         _ => Class::Abort,
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The transaction being filled between two commits.
@@ -112,72 +126,107 @@ struct SentKey {
 
 impl Transactions {
     pub(crate) fn new(
-        producer: TxnProducer,
+        client: TxnClient,
         stats: Arc<Stats>,
         dedup: Option<Arc<Dedup>>,
         settings: ExactlyOnce,
         name: String,
     ) -> Self {
         Self {
-            producer,
+            client,
             stats,
             dedup,
             settings,
             name,
             fatal: Mutex::new(None),
+            reset_cause: Mutex::new(None),
             open: Mutex::default(),
             rewind_later: Mutex::default(),
         }
     }
 
-    /// How long one transaction call may block.
+    /// How long one transaction call may block, and how long a transaction step may keep retrying.
     fn call_timeout(&self) -> Duration {
         self.settings.transaction_timeout
     }
 
-    /// `init_transactions`: fences earlier incarnations of this transactional id and aborts what
-    /// they left open. Retried while the brokers are unreachable, until `stop`.
+    /// Initialises the producer (see [`TxnClient::init`]).
     pub(crate) fn init(&self, stop: &CancellationToken) -> Result<(), KafkaError> {
-        let mut attempt = 0u32;
-        loop {
-            match self.producer.init_transactions(self.call_timeout()) {
-                Ok(()) => return Ok(()),
-                Err(e) if matches!(classify(&e), Class::Fatal) || stop.is_cancelled() => return Err(e),
-                Err(e) => {
-                    attempt += 1;
-                    tracing::warn!(pipeline = %self.name, attempt, error = %e, "init_transactions failed; retrying");
-                    std::thread::sleep(Duration::from_millis(200 * u64::from(attempt.min(10))));
-                }
-            }
-        }
+        self.client.init(stop)
     }
 
     /// The fatal error that stopped this instance's transactions, if any.
     pub(crate) fn take_fatal(&self) -> Option<KafkaError> {
-        self.fatal.lock().unwrap_or_else(|p| p.into_inner()).take()
+        lock(&self.fatal).take()
     }
 
-    fn set_fatal(&self, e: KafkaError) -> TxnOutcome {
+    /// Whether the producer must be replaced ([`reset`](Self::reset)) before anything else commits.
+    pub(crate) fn needs_reset(&self) -> bool {
+        lock(&self.reset_cause).is_some()
+    }
+
+    /// Replaces the producer by a fresh one with the same transactional id and initialises it
+    /// (retrying while the brokers are away, until `stop`); the open transaction is forgotten. The
+    /// caller then rewinds every owned partition to the group coordinator's offsets. `Ok(false)`
+    /// when `stop` came first.
+    pub(crate) fn reset(&self, stop: &CancellationToken) -> Result<bool, KafkaError> {
+        let cause = lock(&self.reset_cause).take();
+        tracing::warn!(pipeline = %self.name, cause = ?cause.as_ref().map(ToString::to_string),
+            "replacing the transactional producer; uncommitted work will be redone");
+        *self.open() = OpenTxn::default();
+        lock(&self.rewind_later).clear(); // every partition is rewound
+        self.client.replace()?;
+        match self.client.init(stop) {
+            Ok(()) => {
+                Stats::bump(&self.stats.producer_resets);
+                tracing::info!(pipeline = %self.name, "transactional producer replaced");
+                Ok(true)
+            }
+            Err(_) if stop.is_cancelled() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A call failed in a way no retry or abort mends: after a broker outage the producer is
+    /// replaced ([`TxnOutcome::Reset`]); without one, another instance fenced this one and it
+    /// stops ([`TxnOutcome::Fatal`]).
+    fn unusable(&self, e: KafkaError) -> TxnOutcome {
+        if self.client.saw_outage() {
+            tracing::warn!(pipeline = %self.name, error = %e, "transactional producer unusable after a broker outage");
+            lock(&self.reset_cause).get_or_insert(e);
+            return TxnOutcome::Reset;
+        }
         tracing::error!(pipeline = %self.name, error = %e, "fatal transaction error: this instance stops committing");
-        self.fatal.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+        lock(&self.fatal).get_or_insert(e);
         TxnOutcome::Fatal
     }
 
+    /// Asks for a reset whatever the cause (the open transaction's fate is unknown).
+    fn uncertain(&self, e: KafkaError) -> TxnOutcome {
+        tracing::warn!(pipeline = %self.name, error = %e, "the open transaction's outcome is unknown");
+        lock(&self.reset_cause).get_or_insert(e);
+        TxnOutcome::Reset
+    }
+
     fn open(&self) -> std::sync::MutexGuard<'_, OpenTxn> {
-        self.open.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.open)
     }
 
     /// Moves completed work of `handles` into the open transaction (beginning one if needed): the
     /// kept entries of offsets below each partition's committable offset are produced now, and that
     /// offset is remembered for the commit. Called often between commits, so that producing overlaps
     /// processing and the commit itself only flushes the tail. `Err` when the transaction had to
-    /// be aborted (or failed fatally).
+    /// be aborted (or the producer is unusable).
     pub(crate) fn pump(&self, handles: &[Arc<PartitionHandle>]) -> Result<(), TxnOutcome> {
-        if self.fatal.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+        if lock(&self.fatal).is_some() {
             return Err(TxnOutcome::Fatal);
         }
+        if self.needs_reset() {
+            return Err(TxnOutcome::Reset);
+        }
         // Partitions waiting for a rewind lost entries in an abort: nothing of theirs may commit.
-        let waiting: Vec<Arc<PartitionHandle>> = self.rewind_later.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let waiting: Vec<Arc<PartitionHandle>> = lock(&self.rewind_later).clone();
+        let producer = self.client.get();
         let mut open = self.open();
         for h in handles.iter().filter(|h| !waiting.iter().any(|w| Arc::ptr_eq(w, h))) {
             let Some(end) = h.committable() else { continue };
@@ -197,12 +246,15 @@ impl Transactions {
                 None => open.parts.push((h.clone(), end)),
             }
             if !open.began {
-                if let Err(e) = self.producer.begin_transaction() {
+                if let Err(e) = producer.begin_transaction() {
                     return Err(match classify(&e) {
-                        Class::Fatal => self.set_fatal(e),
+                        Class::Fatal => self.unusable(e),
+                        // No transaction is open: the carried partitions only lost their entries.
                         _ => {
                             tracing::warn!(pipeline = %self.name, error = %e, "begin_transaction failed");
-                            self.abort(&mut open)
+                            let lost = std::mem::take(&mut *open);
+                            Stats::bump(&self.stats.transactions_aborted);
+                            TxnOutcome::Aborted(lost.parts.into_iter().map(|(h, _)| h).collect())
                         }
                     });
                 }
@@ -212,18 +264,18 @@ impl Transactions {
             let now = crate::dlq::now_ms();
             for entry in entries {
                 for out in &entry.outputs {
-                    if let Err(e) = self.send(out) {
+                    if let Err(e) = send(&producer, out) {
                         tracing::warn!(pipeline = %self.name, topic = %out.topic, error = %e, "transactional produce failed");
-                        return Err(self.abort(&mut open));
+                        return Err(self.abort(&producer, &mut open));
                     }
                     open.outputs += 1;
                 }
                 if let (Some(key), Some(dedup)) = (entry.dedup_key, &self.dedup) {
                     if dedup.config.changelog
-                        && let Err(e) = self.send(&dedup.changelog_entry(&h.topic, h.partition, &key, now))
+                        && let Err(e) = send(&producer, &dedup.changelog_entry(&h.topic, h.partition, &key, now))
                     {
                         tracing::warn!(pipeline = %self.name, error = %e, "dedup changelog produce failed");
-                        return Err(self.abort(&mut open));
+                        return Err(self.abort(&producer, &mut open));
                     }
                     open.keys.push(SentKey { handle: h.clone(), key, at: now });
                 }
@@ -240,19 +292,20 @@ impl Transactions {
             return outcome;
         }
         let pumped = started.elapsed();
+        let producer = self.client.get();
         let mut open = self.open();
         if !open.began {
             return TxnOutcome::Idle;
         }
         let Some(group) = consumer.group_metadata() else {
             tracing::warn!(pipeline = %self.name, "no consumer group metadata; aborting the transaction");
-            return self.abort(&mut open);
+            return self.abort(&producer, &mut open);
         };
         let mut offsets = TopicPartitionList::new();
         for (h, end) in &open.parts {
             let _ = offsets.add_partition_offset(&h.topic, h.partition, Offset::Offset(*end));
         }
-        if let Some(outcome) = self.retrying("send_offsets_to_transaction", &mut open, |p| {
+        if let Some(outcome) = self.retrying("send_offsets_to_transaction", &producer, &mut open, |p| {
             p.send_offsets_to_transaction(&offsets, &group, self.call_timeout())
         }) {
             return outcome;
@@ -262,15 +315,16 @@ impl Transactions {
         if ratio > 0.0 && rand::random::<f64>() < ratio {
             tracing::info!(pipeline = %self.name, "aborting this transaction on purpose (inject_abort_ratio)");
             Stats::bump(&self.stats.transactions_injected_aborts);
-            return self.abort(&mut open);
+            return self.abort(&producer, &mut open);
         }
-        self.await_deliveries();
+        self.await_deliveries(&producer);
         if let Some(outcome) =
-            self.retrying("commit_transaction", &mut open, |p| p.commit_transaction(self.call_timeout()))
+            self.retrying("commit_transaction", &producer, &mut open, |p| p.commit_transaction(self.call_timeout()))
         {
             return outcome;
         }
         Stats::bump(&self.stats.transactions_committed);
+        self.client.clear_outage();
         let done = std::mem::take(&mut *open);
         tracing::debug!(pipeline = %self.name, outputs = done.outputs, partitions = done.parts.len(), ?pumped, ?offsets_sent, took = ?started.elapsed(), "transaction committed");
         self.stats.committed_outputs.fetch_add(done.outputs, std::sync::atomic::Ordering::Relaxed);
@@ -287,10 +341,10 @@ impl Transactions {
     /// waits for delivery events in slices of up to 100 ms that the producer's polling thread
     /// usually takes first: it turned a ~10 ms commit into ~110 ms.) Gives up quietly at the
     /// transaction timeout; the commit then flushes (and fails) as usual.
-    fn await_deliveries(&self) {
-        let _ = self.producer.flush(Duration::ZERO); // starts sending without waiting for linger.ms
+    fn await_deliveries(&self, producer: &TxnProducer) {
+        let _ = producer.flush(Duration::ZERO); // starts sending without waiting for linger.ms
         let deadline = Instant::now() + self.call_timeout();
-        while self.producer.in_flight_count() > 0 && Instant::now() < deadline {
+        while producer.in_flight_count() > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_micros(250));
         }
     }
@@ -303,100 +357,85 @@ impl Transactions {
             return TxnOutcome::Idle;
         }
         tracing::warn!(pipeline = %self.name, "the open transaction carries lost partitions; aborting it");
-        self.abort(&mut open)
+        self.abort(&self.client.get(), &mut open)
     }
 
     /// Partitions whose rewind had to wait (an abort inside a rebalance callback).
     pub(crate) fn defer_rewind(&self, handles: Vec<Arc<PartitionHandle>>) {
-        self.rewind_later.lock().unwrap_or_else(|p| p.into_inner()).extend(handles);
+        lock(&self.rewind_later).extend(handles);
     }
 
     /// Takes the partitions whose rewind was deferred.
     pub(crate) fn take_deferred_rewinds(&self) -> Vec<Arc<PartitionHandle>> {
-        std::mem::take(&mut *self.rewind_later.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut *lock(&self.rewind_later))
     }
 
-    /// Runs a transaction call, retrying retriable errors. `None` when it succeeded; else how the
-    /// transaction ended (aborted, or fatal).
+    /// Runs a transaction call, retrying retriable errors for up to the transaction timeout (past
+    /// it the coordinator aborts the transaction anyway). `None` when it succeeded; else how the
+    /// transaction ended.
     fn retrying(
         &self,
         what: &str,
+        producer: &TxnProducer,
         open: &mut OpenTxn,
         mut call: impl FnMut(&TxnProducer) -> Result<(), KafkaError>,
     ) -> Option<TxnOutcome> {
-        let mut attempt = 0;
+        let deadline = Instant::now() + self.call_timeout();
+        let mut attempt = 0u32;
         loop {
-            let e = match call(&self.producer) {
+            let e = match call(producer) {
                 Ok(()) => return None,
                 Err(e) => e,
             };
             attempt += 1;
+            if is_outage(&e) {
+                self.client.mark_outage();
+            }
             match classify(&e) {
-                Class::Fatal => return Some(self.set_fatal(e)),
-                Class::Retry if attempt < RETRIES => {
+                Class::Fatal => return Some(self.unusable(e)),
+                Class::Retry if Instant::now() < deadline => {
                     tracing::warn!(pipeline = %self.name, attempt, error = %e, "{what} failed; retrying");
-                    std::thread::sleep(Duration::from_millis(100 * u64::from(attempt)));
+                    std::thread::sleep(Duration::from_millis(100 * u64::from(attempt.min(10))));
                 }
                 _ => {
                     tracing::warn!(pipeline = %self.name, error = %e, "{what} failed; aborting the transaction");
-                    return Some(self.abort(open));
+                    return Some(self.abort(producer, open));
                 }
             }
         }
     }
 
-    /// Aborts the open transaction; the partitions it carried must be rewound.
-    fn abort(&self, open: &mut OpenTxn) -> TxnOutcome {
+    /// Aborts the open transaction. [`TxnOutcome::Aborted`] (rewind the partitions it carried to
+    /// their last committed offsets) only when `abort_transaction` succeeded; if it cannot be
+    /// confirmed within the transaction timeout, the outcome is unknown and the producer is reset.
+    fn abort(&self, producer: &TxnProducer, open: &mut OpenTxn) -> TxnOutcome {
         let aborted = std::mem::take(open);
         Stats::bump(&self.stats.transactions_aborted);
         let started = Instant::now();
-        let mut attempt = 0;
+        let deadline = started + self.call_timeout();
+        let mut attempt = 0u32;
         loop {
-            match self.producer.abort_transaction(self.call_timeout()) {
+            let e = match producer.abort_transaction(self.call_timeout()) {
                 Ok(()) => break,
-                // Nothing open (begin failed): nothing to abort.
-                Err(KafkaError::Transaction(r)) if r.code() == RDKafkaErrorCode::State => break,
-                Err(e) => match classify(&e) {
-                    Class::Retry | Class::Abort if attempt < RETRIES => {
-                        attempt += 1;
-                        tracing::warn!(pipeline = %self.name, attempt, error = %e, "abort_transaction failed; retrying");
-                        std::thread::sleep(Duration::from_millis(100 * u64::from(attempt)));
-                    }
-                    _ => return self.set_fatal(e),
-                },
+                Err(e) => e,
+            };
+            attempt += 1;
+            if is_outage(&e) {
+                self.client.mark_outage();
+            }
+            match classify(&e) {
+                Class::Fatal => return self.unusable(e),
+                _ if Instant::now() < deadline && e.rdkafka_error_code() != Some(RDKafkaErrorCode::State) => {
+                    tracing::warn!(pipeline = %self.name, attempt, error = %e, "abort_transaction failed; retrying");
+                    std::thread::sleep(Duration::from_millis(100 * u64::from(attempt.min(10))));
+                }
+                // Out of time, or a state in which librdkafka will not abort (a commit under way):
+                // whether the transaction committed is unknown.
+                _ => return self.uncertain(e),
             }
         }
         tracing::info!(pipeline = %self.name, partitions = aborted.parts.len(), took = ?started.elapsed(), "transaction aborted; rewinding");
         TxnOutcome::Aborted(aborted.parts.into_iter().map(|(h, _)| h).collect())
-    }
-
-    /// Queues one output in the open transaction, waiting while the producer queue is full.
-    fn send(&self, out: &OutputRecord) -> Result<(), KafkaError> {
-        let mut headers = crate::produce::kafka_headers(&out.headers);
-        loop {
-            let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&out.topic);
-            if let Some(h) = headers.take() {
-                record = record.headers(h);
-            }
-            if let Some(k) = out.key.as_deref() {
-                record = record.key(k);
-            }
-            if let Some(v) = out.value.as_deref() {
-                record = record.payload(v);
-            }
-            if let Some(p) = out.partition {
-                record = record.partition(p);
-            }
-            match self.producer.send(record) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    headers = back.headers;
-                    // The producer's own thread drains the queue.
-                    std::thread::sleep(Duration::from_micros(250));
-                }
-                Err((e, _)) => return Err(e),
-            }
-        }
     }
 
     /// After a commit: writes the transaction's dedup keys to the local store and forgets them as
@@ -412,29 +451,31 @@ impl Transactions {
     }
 }
 
-/// The transactional producer's context: librdkafka's logs and errors go where the other clients'
-/// go; a failed delivery is only logged (it fails the transaction's commit, which then aborts).
-pub(crate) struct TxnHooks(pub(crate) Arc<KafkaLog>);
-
-/// Exactly-once mode's producer: no per-record delivery futures (the commit is the acknowledgement).
-pub(crate) type TxnProducer = ThreadedProducer<TxnHooks>;
-
-impl ClientContext for TxnHooks {
-    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
-        self.0.log(level, fac, message);
-    }
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        self.0.error(error, reason);
-    }
-}
-
-impl ProducerContext for TxnHooks {
-    type DeliveryOpaque = ();
-
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((e, _)) = result {
-            self.0.warn("transactional output not delivered; the transaction will abort", &e.to_string());
+/// Queues one output in the open transaction, waiting while the producer queue is full.
+fn send(producer: &TxnProducer, out: &OutputRecord) -> Result<(), KafkaError> {
+    let mut headers = crate::produce::kafka_headers(&out.headers);
+    loop {
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&out.topic);
+        if let Some(h) = headers.take() {
+            record = record.headers(h);
+        }
+        if let Some(k) = out.key.as_deref() {
+            record = record.key(k);
+        }
+        if let Some(v) = out.value.as_deref() {
+            record = record.payload(v);
+        }
+        if let Some(p) = out.partition {
+            record = record.partition(p);
+        }
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                headers = back.headers;
+                // The producer's own thread drains the queue.
+                std::thread::sleep(Duration::from_micros(250));
+            }
+            Err((e, _)) => return Err(e),
         }
     }
 }

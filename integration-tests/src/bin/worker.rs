@@ -205,7 +205,7 @@ impl TypedProcessor for Decoded {
 fn stats_line(stats: &Stats) -> String {
     let s = stats.snapshot();
     format!(
-        "polled={} processed={} dead_lettered={} panics={} dedup_hits={} dedup_restored={} dedup_restores={} assigned={} assignments={} revocations={} commits={} commit_failures={} discarded_on_revoke={} transactions={} aborted={} injected_aborts={} rewinds={} in_flight_peak={} running_peak={}",
+        "polled={} processed={} dead_lettered={} panics={} dedup_hits={} dedup_restored={} dedup_restores={} assigned={} assignments={} revocations={} commits={} commit_failures={} discarded_on_revoke={} transactions={} aborted={} injected_aborts={} rewinds={} producer_resets={} in_flight_peak={} running_peak={}",
         s.polled,
         s.processed,
         s.dead_lettered,
@@ -223,6 +223,7 @@ fn stats_line(stats: &Stats) -> String {
         s.transactions_aborted,
         s.transactions_injected_aborts,
         s.rewinds,
+        s.producer_resets,
         s.in_flight_peak,
         s.running_peak
     )

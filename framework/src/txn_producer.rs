@@ -1,0 +1,160 @@
+//! Exactly-once mode's transactional producer and its lifecycle: created from the pipeline's
+//! settings, initialised (`init_transactions`, retried while the brokers are unreachable), and
+//! replaced by a fresh one when a broker outage left it unusable.
+//!
+//! Why replacing is needed: when the brokers are away longer than `transaction_timeout` while a
+//! transaction is open, its messages time out in the client and the restarted coordinator aborts
+//! the transaction and bumps the producer epoch; librdkafka then reports the producer as *fenced*,
+//! a fatal state no call recovers from. Nobody else holds the transactional id, so the pipeline
+//! creates a new producer with the same id, whose `init_transactions` settles whatever the old one
+//! left (the coordinator completes or aborts it first), and redoes its uncommitted work. A fence
+//! with no outage since the last commit is real (another instance took the transactional id) and
+//! stops the pipeline instead; the distinction is [`TxnClient::saw_outage`].
+
+use crate::kafka_log::{KafkaLog, is_fatal};
+use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{DeliveryResult, Producer as _, ProducerContext, ThreadedProducer};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Exactly-once mode's producer: no per-record delivery futures (the commit is the acknowledgement).
+pub(crate) type TxnProducer = ThreadedProducer<TxnHooks>;
+
+/// The transactional producer, replaceable, with what it takes to create another.
+pub(crate) struct TxnClient {
+    config: ClientConfig,
+    log: Arc<KafkaLog>,
+    /// Set by the producer's callbacks (and by failed calls) when the brokers were unreachable or
+    /// requests timed out; cleared by a committed transaction.
+    outage: Arc<AtomicBool>,
+    producer: Mutex<Arc<TxnProducer>>,
+    /// How long one call may block.
+    call_timeout: Duration,
+}
+
+impl TxnClient {
+    /// Creates the producer (not initialised yet: see [`init`](Self::init)).
+    pub(crate) fn new(config: ClientConfig, log: Arc<KafkaLog>, call_timeout: Duration) -> Result<Self, KafkaError> {
+        let outage = Arc::new(AtomicBool::new(false));
+        let producer = create(&config, &log, &outage)?;
+        Ok(Self { config, log, outage, producer: Mutex::new(Arc::new(producer)), call_timeout })
+    }
+
+    /// The current producer.
+    pub(crate) fn get(&self) -> Arc<TxnProducer> {
+        self.producer.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// `init_transactions`: fences earlier producers of this transactional id and settles what they
+    /// left open. Retried while the brokers are unreachable, until `stop`.
+    pub(crate) fn init(&self, stop: &CancellationToken) -> Result<(), KafkaError> {
+        let producer = self.get();
+        let mut attempt = 0u32;
+        loop {
+            match producer.init_transactions(self.call_timeout) {
+                Ok(()) => return Ok(()),
+                Err(KafkaError::Transaction(r)) if r.is_fatal() => return Err(KafkaError::Transaction(r)),
+                Err(e) if stop.is_cancelled() => return Err(e),
+                Err(e) => {
+                    attempt += 1;
+                    self.mark_outage();
+                    tracing::warn!(pipeline = %self.log.name, attempt, error = %e, "init_transactions failed; retrying");
+                    std::thread::sleep(Duration::from_millis(200 * u64::from(attempt.min(10))));
+                }
+            }
+        }
+    }
+
+    /// Drops the current producer (purging what it still holds) and creates a fresh one with the same
+    /// settings and transactional id; [`init`](Self::init) it before use.
+    pub(crate) fn replace(&self) -> Result<(), KafkaError> {
+        // A new producer talks to no coordinator before its `init_transactions`; the old one is
+        // destroyed before that (the caller, the poll thread, holds no other reference to it).
+        let fresh = Arc::new(create(&self.config, &self.log, &self.outage)?);
+        let old = std::mem::replace(&mut *self.producer.lock().unwrap_or_else(|p| p.into_inner()), fresh);
+        drop(old);
+        self.outage.store(false, Relaxed);
+        Ok(())
+    }
+
+    /// Whether the brokers were unreachable, or a request timed out, since the last committed
+    /// transaction.
+    pub(crate) fn saw_outage(&self) -> bool {
+        self.outage.load(Relaxed)
+    }
+
+    /// Notes an outage seen by a failed call.
+    pub(crate) fn mark_outage(&self) {
+        self.outage.store(true, Relaxed);
+    }
+
+    /// After a committed transaction: the brokers answer.
+    pub(crate) fn clear_outage(&self) {
+        self.outage.store(false, Relaxed);
+    }
+}
+
+fn create(config: &ClientConfig, log: &Arc<KafkaLog>, outage: &Arc<AtomicBool>) -> Result<TxnProducer, KafkaError> {
+    config.create_with_context(TxnHooks { log: log.clone(), outage: outage.clone() })
+}
+
+/// Errors that say the brokers were unreachable or slow rather than that the request was refused.
+pub(crate) fn is_outage(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode::*;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            OperationTimedOut
+                | RequestTimedOut
+                | MessageTimedOut
+                | BrokerTransportFailure
+                | AllBrokersDown
+                | NetworkException
+                | CoordinatorNotAvailable
+                | NotCoordinator
+                | CoordinatorLoadInProgress
+        )
+    )
+}
+
+/// The transactional producer's context: librdkafka's logs go where the other clients' go;
+/// connection errors and undelivered outputs mark an outage (the transaction's own calls report the
+/// failure, so nothing here stops the pipeline).
+pub(crate) struct TxnHooks {
+    log: Arc<KafkaLog>,
+    outage: Arc<AtomicBool>,
+}
+
+impl ClientContext for TxnHooks {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        self.log.log(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if is_fatal(&error) || error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fenced) {
+            // The failing transaction call reports it; the pipeline decides there.
+            tracing::error!(pipeline = %self.log.name, %error, reason, "transactional producer failed");
+        } else {
+            self.outage.store(true, Relaxed);
+            self.log.warn("transactional producer error", &format!("{error} ({reason})"));
+        }
+    }
+}
+
+impl ProducerContext for TxnHooks {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            if is_outage(e) {
+                self.outage.store(true, Relaxed);
+            }
+            self.log.warn("transactional output not delivered; the transaction will abort", &e.to_string());
+        }
+    }
+}
