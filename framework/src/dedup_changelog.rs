@@ -12,6 +12,7 @@ use crate::record::{OutputRecord, Record};
 use crate::stats::Stats;
 use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers as _, Message};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -85,21 +86,24 @@ impl Dedup {
             .header(SOURCE_TOPIC_HEADER, topic.as_bytes().to_vec())
     }
 
-    /// Exactly-once: records `key` in the local store once the transaction carrying its changelog
-    /// entry (which landed at `changelog_offset`, when known) committed.
-    pub(crate) fn record_committed(
+    /// Exactly-once: records the keys of a committed transaction (`(topic, partition, key, first
+    /// seen)`, grouped by partition) in the local store, in one write.
+    pub(crate) fn record_committed<'k>(
         &self,
-        topic: &str,
-        partition: i32,
-        key: &[u8],
-        now: i64,
-        changelog_offset: Option<i64>,
-    ) -> Result<(), String> {
-        self.store.partition(topic, partition).and_then(|p| p.record(key, now)).map_err(|e| e.to_string())?;
-        match changelog_offset {
-            Some(offset) => self.note_position(topic, partition, offset + 1),
-            None => Ok(()),
+        keys: impl IntoIterator<Item = (&'k str, i32, &'k [u8], i64)>,
+    ) -> Result<(), crate::dedup_store::DedupError> {
+        let mut batch = self.store.batch();
+        let mut current: Option<(&str, i32, crate::dedup_store::PartitionStore<'_>)> = None;
+        for (topic, partition, key, at) in keys {
+            let p = match current.take() {
+                Some(c) if c.0 == topic && c.1 == partition => c,
+                _ => (topic, partition, self.store.partition(topic, partition)?),
+            };
+            batch.record(&p.2, key, at);
+            current = Some(p);
         }
+        drop(current);
+        batch.write()
     }
 
     pub(crate) fn open(config: DedupConfig, group: &str) -> Result<Self, crate::dedup_store::DedupError> {
@@ -275,7 +279,10 @@ fn apply<P: Processor>(
     c.set("bootstrap.servers", &shared.config.bootstrap_servers)
         .set("group.id", format!("{}.restore", shared.config.group_id))
         .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed");
+        .set("isolation.level", "read_committed")
+        // In exactly-once mode the changelog is written in transactions, so its last offsets are
+        // commit markers that are never delivered: the end is known by the end-of-partition event.
+        .set("enable.partition.eof", "true");
     let consumer: BaseConsumer = c.create().map_err(|e| e.to_string())?;
     let (low, high) =
         consumer.fetch_watermarks(&dedup.changelog, partition, Duration::from_secs(10)).map_err(|e| e.to_string())?;
@@ -293,8 +300,12 @@ fn apply<P: Processor>(
             part.set_changelog_position(next).map_err(|e| e.to_string())?;
             return Ok((applied, false));
         }
-        let Some(msg) = consumer.poll(Duration::from_millis(200)) else { continue };
-        let msg = msg.map_err(|e| e.to_string())?;
+        let msg = match consumer.poll(Duration::from_millis(200)) {
+            None => continue,
+            // Nothing committed beyond here (the rest is markers, or a transaction still open).
+            Some(Err(KafkaError::PartitionEOF(_))) => break,
+            Some(other) => other.map_err(|e| e.to_string())?,
+        };
         next = msg.offset() + 1;
         let source = msg.headers().and_then(|h| h.iter().find(|x| x.key == SOURCE_TOPIC_HEADER).and_then(|x| x.value));
         if source.is_some_and(|s| s != topic.as_bytes()) {

@@ -12,7 +12,7 @@
 //! changelog topic rebuilds it. With `sync_writes` every write is fsynced before the record completes.
 
 use rocksdb::compaction_filter::Decision;
-use rocksdb::{ColumnFamilyDescriptor, DB, Options, WriteOptions};
+use rocksdb::{ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -135,6 +135,28 @@ impl DedupStore {
         Ok(PartitionStore { store: self, cf: name })
     }
 
+    /// Records written together: one write (one write-ahead-log append, one fsync with
+    /// `sync_writes`) for all of them, e.g. every key of a committed transaction.
+    ///
+    /// ```
+    /// use millrace::dedup_store::DedupStore;
+    /// use std::time::Duration;
+    ///
+    /// let dir = std::env::temp_dir().join(format!("millrace-doc-batch-{}", std::process::id()));
+    /// let store = DedupStore::open(&dir, Duration::from_secs(3600), false).unwrap();
+    /// let (p0, p1) = (store.partition("orders", 0).unwrap(), store.partition("orders", 1).unwrap());
+    /// let mut batch = store.batch();
+    /// batch.record(&p0, b"order-7", 1_700_000_000_000);
+    /// batch.record(&p1, b"order-8", 1_700_000_000_000);
+    /// assert!(!p0.seen_at(b"order-7", 1_700_000_001_000).unwrap(), "nothing before the write");
+    /// batch.write().unwrap();
+    /// assert!(p0.seen_at(b"order-7", 1_700_000_001_000).unwrap() && p1.seen_at(b"order-8", 1_700_000_001_000).unwrap());
+    /// # drop((p0, p1)); drop(store); std::fs::remove_dir_all(&dir).ok();
+    /// ```
+    pub fn batch(&self) -> RecordBatch<'_> {
+        RecordBatch { store: self, batch: WriteBatch::default() }
+    }
+
     /// Runs a full compaction (applies the TTL now); for tests and maintenance.
     pub fn compact(&self, topic: &str, partition: i32) -> Result<(), DedupError> {
         if let Some(cf) = self.db.cf_handle(&format!("{topic}/{partition}")) {
@@ -199,6 +221,24 @@ impl PartitionStore<'_> {
             .db
             .put_cf_opt(&self.cf(), CHANGELOG_POSITION, next_offset.to_be_bytes(), &self.store.write)
             .map_err(|e| self.store.err(e))
+    }
+}
+
+/// Keys to record in one write: see [`DedupStore::batch`].
+pub struct RecordBatch<'a> {
+    store: &'a DedupStore,
+    batch: WriteBatch,
+}
+
+impl RecordBatch<'_> {
+    /// Adds `key` of partition `p`, first seen at `first_seen_ms` (as [`PartitionStore::record`]).
+    pub fn record(&mut self, p: &PartitionStore<'_>, key: &[u8], first_seen_ms: i64) {
+        self.batch.put_cf(&p.cf(), key, first_seen_ms.to_be_bytes());
+    }
+
+    /// Writes every key added, atomically.
+    pub fn write(self) -> Result<(), DedupError> {
+        self.store.db.write_opt(self.batch, &self.store.write).map_err(|e| self.store.err(e))
     }
 }
 

@@ -242,6 +242,20 @@ struct Tally {
     released: usize,
     released_bytes: u64,
     succeeded_for_breaker: u32,
+    /// Records that had waited (counted as running) and finished.
+    finished_running: u64,
+}
+
+/// Ready completions a partition task takes in one go before it looks at its commands again.
+const DRAIN_AT_ONCE: usize = 256;
+
+/// Sleeps until `deadline`, or forever without one. Nothing happens (no clock read, no timer) until
+/// it is polled, so building it on every turn of the task's loop costs nothing.
+async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Records being processed by a partition task, whatever the processor's future type.
@@ -324,12 +338,22 @@ impl<P: Processor> PartitionTask<P> {
                     }
                 },
                 Some(finished) = running.next(), if !running.is_empty() => {
-                    self.shared.stats.running.fetch_sub(1, Relaxed);
-                    if let Some(next) = self.finish(finished) {
-                        self.launch(&mut running, next);
+                    // Completions arrive in bursts (one produce request acknowledges many outputs):
+                    // take every one that is ready, so the shared counters are touched once per burst.
+                    let mut ready = Some(finished);
+                    let mut taken = 0;
+                    while let Some(finished) = ready.take() {
+                        self.tally.finished_running += 1;
+                        if let Some(next) = self.finish(finished) {
+                            self.launch(&mut running, next);
+                        }
+                        taken += 1;
+                        if taken < DRAIN_AT_ONCE {
+                            ready = running.next().now_or_never().flatten();
+                        }
                     }
                 }
-                _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()), if deadline.is_some() => {}
+                () = until(deadline), if deadline.is_some() => {}
             }
             self.flush_tally();
         }
@@ -508,6 +532,9 @@ impl<P: Processor> PartitionTask<P> {
         self.flush_breaker();
         let t = std::mem::take(&mut self.tally);
         let s = &self.shared.stats;
+        if t.finished_running > 0 {
+            s.running.fetch_sub(t.finished_running, Relaxed);
+        }
         for (counter, n) in [
             (&s.processed, t.processed),
             (&s.dedup_hits, t.dedup_hits),

@@ -442,11 +442,18 @@ impl Transactions {
     /// pending.
     fn record_dedup_keys(&self, keys: Vec<SentKey>) {
         let Some(dedup) = &self.dedup else { return };
-        for k in keys {
-            if let Err(e) = dedup.record_committed(&k.handle.topic, k.handle.partition, &k.key, k.at, None) {
-                tracing::warn!(pipeline = %self.name, error = %e, "dedup store write after commit failed");
-            }
-            k.handle.pending.settle([&k.key]);
+        if keys.is_empty() {
+            return;
+        }
+        let entries = keys.iter().map(|k| (&*k.handle.topic, k.handle.partition, &k.key[..], k.at));
+        if let Err(e) = dedup.record_committed(entries) {
+            // They are in the (committed) changelog, so a restore brings them back; until then a
+            // duplicate of one of them is not recognised here.
+            tracing::warn!(pipeline = %self.name, error = %e, "dedup store write after commit failed");
+        }
+        // The keys were taken partition by partition, so each partition's keys are adjacent.
+        for same in keys.chunk_by(|a, b| Arc::ptr_eq(&a.handle, &b.handle)) {
+            same[0].handle.pending.settle(same.iter().map(|k| &k.key));
         }
     }
 }

@@ -3,7 +3,10 @@
 //! stable for a downstream to absorb the one window left (D2). Effects are journaled outside Kafka.
 
 use anyhow::Result;
-use millrace::{Context, DedupConfig, Pipeline, PipelineConfig, ProcessError, Processor, Record, RetryPolicy};
+use millrace::{
+    Context, DedupConfig, ExactlyOnce, OutputRecord, Pipeline, PipelineConfig, ProcessError, Processor, Record,
+    RetryPolicy,
+};
 use millrace_integration_tests::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -64,7 +67,7 @@ fn config(topic: &str, group: &str, dir: &Path) -> PipelineConfig {
 
 async fn run_until(
     config: PipelineConfig,
-    processor: Charge,
+    processor: impl Processor,
     mut done: watch::Receiver<usize>,
     wanted: impl Fn(&millrace::StatsSnapshot, usize) -> bool,
 ) -> Result<millrace::StatsSnapshot> {
@@ -270,5 +273,75 @@ async fn crash_after_dedup_write_before_commit_repeats_no_effect() -> Result<()>
     assert!(out.contains(&format!("dedup_hits={N}")), "every redelivered record was a dedup hit: {out}");
     std::fs::remove_dir_all(&dir).ok();
     std::fs::remove_file(&journal).ok();
+    Ok(())
+}
+
+/// The exactly-once form of [`Charge`]: its effect is an output record (`charge <i>`), committed with
+/// the input offset, so the output topic is the effect log.
+struct Forward {
+    output: String,
+    done: watch::Sender<usize>,
+}
+
+impl Processor for Forward {
+    async fn process(&self, record: &Record, ctx: &Context) -> Result<(), ProcessError> {
+        ctx.emit(OutputRecord::to(&self.output).value(record.value.clone().unwrap_or_default())).await?;
+        self.done.send_modify(|n| *n += 1);
+        Ok(())
+    }
+}
+
+/// The dedup store in exactly-once mode: keys go to the changelog inside the transaction and to
+/// RocksDB (in one write per transaction) after it commits; until then a duplicate is recognised as
+/// pending. Duplicates in the same stream are skipped, and a second instance on an empty disk
+/// restores the keys from the changelog and skips them too; the committed output holds each event
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_with_dedup_skips_duplicates_across_a_move() -> Result<()> {
+    init_logs();
+    let (topic, output, group) = (unique("dedup-eos-in"), unique("dedup-eos-out"), unique("dedup-eos-group"));
+    let (dir_a, dir_b) = (temp_dir("dedup-eos-a"), temp_dir("dedup-eos-b"));
+    create_topic(&topic, 2).await?;
+    create_topic(&output, 2).await?;
+    // 300 events, each followed soon after by a copy (a producer retry): some copies arrive while the
+    // original's transaction is open, others after it committed.
+    let mut records = Vec::new();
+    for chunk in (0..300).collect::<Vec<_>>().chunks(30) {
+        let ids = chunk[0]..chunk[chunk.len() - 1] + 1;
+        records.extend(events(ids.clone(), |i| format!("c{}", i % 30)));
+        records.extend(events(ids, |i| format!("c{}", i % 30)));
+    }
+    produce_raw(&topic, records).await?;
+    let config = |dir: &Path| {
+        config(&topic, &group, dir)
+            .exactly_once(ExactlyOnce::default().transactional_id(format!("{group}-{}", dir.display())))
+            .commit_interval(Duration::from_millis(50))
+    };
+    let (tx, rx) = watch::channel(0);
+    let a = Forward { output: output.clone(), done: tx };
+    let s = run_until(config(&dir_a), a, rx, |s, _| s.processed + s.dedup_hits >= 600).await?;
+    println!("instance A: {s:?}");
+    assert_eq!((s.processed, s.dedup_hits), (300, 300), "every copy skipped");
+
+    // Instance B, empty disk: the same 300 events arrive again, plus 100 new ones.
+    let mut again = events(0..300, |i| format!("c{}", i % 30));
+    again.extend(events(300..400, |i| format!("c{}", i % 30)));
+    produce_raw(&topic, again).await?;
+    let (tx, rx) = watch::channel(0);
+    let b = Forward { output: output.clone(), done: tx };
+    let s = run_until(config(&dir_b), b, rx, |s, _| s.processed + s.dedup_hits >= 400).await?;
+    println!("instance B: {s:?}");
+    assert!(s.dedup_restored >= 300, "B restored A's committed keys from the changelog ({})", s.dedup_restored);
+    assert_eq!((s.processed, s.dedup_hits), (100, 300));
+
+    let mut per_event: HashMap<Vec<u8>, u32> = HashMap::new();
+    for r in read_topic_as(&output, Isolation::ReadCommitted)? {
+        *per_event.entry(r.value.unwrap_or_default()).or_default() += 1;
+    }
+    assert_eq!(per_event.len(), 400, "every event in the output");
+    assert!(per_event.values().all(|n| *n == 1), "no event twice in the committed output");
+    for d in [dir_a, dir_b] {
+        std::fs::remove_dir_all(&d).ok();
+    }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! The Millrace workloads: F_alos, F_dedup, F_dlq and the slot for F_eos.
+//! The Millrace workloads: F_alos, F_dedup (at-least-once and exactly-once), F_dlq and F_eos.
 //!
 //! Each is a [`Pipeline`] in key order with default bounds, a fresh group, and [`PassThrough`], which
 //! emits the record's key and value to the output topic with `ctx.emit` (the record completes when
@@ -57,6 +57,9 @@ pub enum Mode<'a> {
     Alos,
     /// The dedup store on, in a fresh RocksDB directory.
     Dedup(&'a Path),
+    /// The dedup store on (a fresh directory), in exactly-once mode with a transaction every
+    /// interval.
+    DedupEos(&'a Path, Duration),
     /// Poison records dead-lettered.
     Dlq { poison_every: u64 },
     /// Exactly-once with a transaction every interval.
@@ -110,6 +113,8 @@ fn done_when(mode: Mode<'_>, s: &StatsSnapshot, records: u64) -> bool {
         Mode::Alos => s.processed >= records,
         Mode::Eos(_) => s.committed_outputs >= records,
         Mode::Dedup(_) => s.processed + s.dedup_hits >= records,
+        // Duplicates emit nothing: done when every other record's output is committed.
+        Mode::DedupEos(..) => s.committed_outputs + s.dedup_hits >= records,
         Mode::Dlq { .. } => s.processed + s.dead_lettered >= records,
     }
 }
@@ -122,6 +127,9 @@ pub async fn run(r: &Run<'_>) -> Result<(Measurement, String), NotRun> {
         Mode::Dedup(dir) => (config.dedup(DedupConfig::new(dir)), None),
         Mode::Dlq { poison_every } => (config, Some(poison_every)),
         Mode::Eos(interval) => (exactly_once(config, interval).map_err(NotRun::Unavailable)?, None),
+        Mode::DedupEos(dir, interval) => {
+            (exactly_once(config.dedup(DedupConfig::new(dir)), interval).map_err(NotRun::Unavailable)?, None)
+        }
     };
     let pipeline = Pipeline::new(config, PassThrough { output: r.output.to_owned(), poison_every })?;
     let stats = pipeline.stats();

@@ -3,7 +3,7 @@
 //! # Workloads
 //! See [`workload::Workload`]: C0 (raw drain), P0 (raw consume -> produce pipe), Pt(100 ms) and
 //! Pt(1 s) (the pipe in transactions), F_alos (Millrace, a processor emitting one output), F_dedup
-//! (dedup store on; 0% and 10% duplicates), F_dlq (1% poison records), F_eos(100 ms) and F_eos(1 s)
+//! (dedup store on; 0% and 10% duplicates; at-least-once, and exactly-once as F_dedup_eos), F_dlq (1% poison records), F_eos(100 ms) and F_eos(1 s)
 //! (Millrace exactly-once: reported "not available" until [`millrace_side::exactly_once`] is wired),
 //! and Kafka Streams at_least_once and exactly_once_v2 (a child JVM, see [`streams`]).
 //!
@@ -74,7 +74,7 @@ pub struct CompareArgs {
     #[arg(long)]
     pairs: Option<usize>,
     /// Workloads to run, comma-separated [default: all]: c0, p0, pt-100ms, pt-1s, f-alos, f-eos-100ms,
-    /// f-eos-1s, f-dedup-0, f-dedup-10, f-dlq, streams-alos, streams-eos.
+    /// f-eos-1s, f-dedup-0, f-dedup-10, f-dedup-eos-0, f-dedup-eos-10, f-dlq, streams-alos, streams-eos.
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<Workload>,
     /// Directory of the built Kafka Streams peer (streams-peer.jar and lib/); without it the Streams
@@ -367,10 +367,11 @@ async fn run_one(
         Workload::FAlos => millrace_side::run(&millrace(Mode::Alos)).await.map(simple),
         Workload::FEos { ms } => millrace_side::run(&millrace(Mode::Eos(Duration::from_millis(ms)))).await.map(simple),
         Workload::FDlq => millrace_side::run(&millrace(Mode::Dlq { poison_every: POISON_EVERY })).await.map(simple),
-        Workload::FDedup { .. } => {
+        Workload::FDedup { eos, .. } => {
             topics.push(millrace::dedup::changelog_topic(&group));
             let dir = plan.store_dir.join(&group);
-            let outcome = millrace_side::run(&millrace(Mode::Dedup(&dir))).await.map(simple);
+            let mode = if eos { Mode::DedupEos(&dir, Duration::from_millis(100)) } else { Mode::Dedup(&dir) };
+            let outcome = millrace_side::run(&millrace(mode)).await.map(simple);
             let _ = std::fs::remove_dir_all(&dir);
             outcome
         }

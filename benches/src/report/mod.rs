@@ -449,8 +449,12 @@ const METHOD: &str = "## Method
 
 - **Input.** Every run drains a topic loaded before timing: 4 partitions, keys drawn uniformly from
   10,000, values of 100 B (and of 1 KiB, fewer records), each with a unique `idempotency-key` header.
-  F_dedup(10%) reads a second topic where every tenth record repeats an earlier record's key and
-  idempotency key; in F_dlq, 1% of the records are poison (a permanent failure each, dead-lettered).
+  F_dedup(10%) and F_dedup_eos(10%) read a second topic where every tenth record repeats an earlier
+  record's key and idempotency key; in F_dlq, 1% of the records are poison (a permanent failure each,
+  dead-lettered). F_dedup runs the dedup store at-least-once (each new key's changelog entry
+  acknowledged and its RocksDB write done before the record completes), F_dedup_eos in exactly-once
+  mode (the changelog entry in the transaction, the RocksDB writes of a transaction's keys in one
+  batch after its commit), so F_dedup_eos / F_eos is the store's own cost.
 - **Workloads.** The raw rdkafka baselines use the settings Millrace gives its own clients (consumer
   cooperative-sticky, `fetch.queue.backoff.ms=20`; producer `acks=all`, idempotent, `linger.ms=5`).
   P0 commits its consumed position asynchronously every second without waiting for acknowledgements,
