@@ -233,7 +233,9 @@ pub(crate) async fn restore<P: Processor>(shared: &Arc<Shared<P>>, topic: &str, 
             Ok((applied, complete)) => {
                 let secs = started.elapsed().as_secs_f64();
                 shared.stats.dedup_restored.fetch_add(applied as u64, Relaxed);
-                Stats::bump(&shared.stats.dedup_restores);
+                if complete {
+                    Stats::bump(&shared.stats.dedup_restores);
+                }
                 if applied > 0 || !complete {
                     tracing::info!(
                         topic,

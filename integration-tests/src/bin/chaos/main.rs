@@ -15,13 +15,14 @@
 //!
 //! Modules: [`profile`] (sizes per profile), [`fleet`] (worker processes), [`check`] (the independent
 //! checkers), [`broker`] (restarting the broker `scripts/kafka` owns), [`outcome`] (the summary
-//! line), and one module per scenario family: [`copier`], [`side_effects`], [`storm`],
-//! [`broker_restart`], [`poison`].
+//! line), and one module per scenario family: [`copier`], [`side_effects`], [`dedup_eos`],
+//! [`storm`], [`broker_restart`], [`poison`].
 
 mod broker;
 mod broker_restart;
 mod check;
 mod copier;
+mod dedup_eos;
 mod fleet;
 mod outcome;
 mod poison;
@@ -40,9 +41,10 @@ use std::time::Instant;
 
 /// The scenarios in the order the suite runs them. The broker restarts come last: they restart
 /// the broker everything else uses.
-const SCENARIOS: [&str; 7] = [
+const SCENARIOS: [&str; 8] = [
     "copier-sigkill",
     "side-effects-sigkill",
+    "dedup-eos-sigkill",
     "rebalance-storm-eos",
     "rebalance-storm-alos",
     "poison",
@@ -110,6 +112,7 @@ async fn run_scenario(name: &str, env: Env) -> Result<Outcome> {
         "copier-sigkill" => copier::copier_sigkill(env).await,
         "negative-control" => copier::negative_control(env).await,
         "side-effects-sigkill" => side_effects::run(env).await,
+        "dedup-eos-sigkill" => dedup_eos::run(env).await,
         "rebalance-storm-eos" => storm::run(env, true).await,
         "rebalance-storm-alos" => storm::run(env, false).await,
         "broker-restart" => broker_restart::run(env).await,

@@ -27,7 +27,8 @@ const PARTITIONS: i32 = 4;
 /// The worker's bound on polled, unfinished records: what one kill can leave half done.
 const IN_FLIGHT: usize = 512;
 
-fn record(i: usize) -> RawRecord {
+/// Input `i`: key `k<i mod KEYS>`, value and `idempotency-key` header `id-<i>`.
+pub fn record(i: usize) -> RawRecord {
     let id = format!("id-{i}").into_bytes();
     (Some(format!("k{}", i % KEYS).into_bytes()), Some(id.clone()), vec![("idempotency-key".to_owned(), id)])
 }
