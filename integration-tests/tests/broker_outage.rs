@@ -24,10 +24,16 @@ fn kafka_script(arg: &str) -> Result<bool> {
     Ok(Command::new("bash").arg(script).arg(arg).status()?.success())
 }
 
-/// Whether the broker is the one `scripts/kafka` runs here (so it may be stopped).
-fn broker_is_ours() -> Result<bool> {
+/// This test's turn with the broker, or `None` (after saying so) when the broker is not the one
+/// `scripts/kafka` runs here, which must not be stopped.
+async fn take_the_broker() -> Result<Option<tokio::sync::MutexGuard<'static, ()>>> {
+    let turn = BROKER.lock().await;
     let port = std::env::var("KAFKA_PORT").unwrap_or_else(|_| "9092".into());
-    Ok(bootstrap() == format!("127.0.0.1:{port}") && kafka_script("status")?)
+    if bootstrap() == format!("127.0.0.1:{port}") && kafka_script("status")? {
+        return Ok(Some(turn));
+    }
+    println!("SKIPPED: the broker at {} is not managed by scripts/kafka here", bootstrap());
+    Ok(None)
 }
 
 struct Collect {
@@ -51,11 +57,7 @@ impl Processor for Collect {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_restart_mid_stream_is_survived_without_loss() -> Result<()> {
     init_logs();
-    let _turn = BROKER.lock().await;
-    if !broker_is_ours()? {
-        println!("SKIPPED: the broker at {} is not managed by scripts/kafka here", bootstrap());
-        return Ok(());
-    }
+    let Some(_turn) = take_the_broker().await? else { return Ok(()) };
     const N: usize = 3_000;
     let topic = unique("outage");
     let group = unique("outage-group");
@@ -126,11 +128,7 @@ impl Processor for Copy {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_rides_out_an_outage_longer_than_the_transaction_timeout() -> Result<()> {
     init_logs();
-    let _turn = BROKER.lock().await;
-    if !broker_is_ours()? {
-        println!("SKIPPED: the broker at {} is not managed by scripts/kafka here", bootstrap());
-        return Ok(());
-    }
+    let Some(_turn) = take_the_broker().await? else { return Ok(()) };
     const N: usize = 3_000;
     const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(2);
     let (input, output, group) = (unique("eos-outage-in"), unique("eos-outage-out"), unique("eos-outage-group"));

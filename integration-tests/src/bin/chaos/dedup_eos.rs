@@ -13,10 +13,9 @@ use crate::check::{self, ConcurrentReader};
 use crate::copier::{Input, kill_loop};
 use crate::fleet::{Slot, WorkerSpec};
 use crate::outcome::Outcome;
-use crate::side_effects::record;
+use crate::side_effects::{record, reproduced_ids};
 use anyhow::Result;
 use millrace_integration_tests::{create_topic, produce_raw, unique};
-use rand::RngExt;
 use std::time::Duration;
 
 const PARTITIONS: i32 = 2;
@@ -34,13 +33,7 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
     create_topic(&output, OUTPUT_PARTITIONS).await?;
     produce_raw(&input, (0..n).map(record)).await?;
     let expected: Vec<Vec<u8>> = (0..n).map(|i| format!("id-{i}").into_bytes()).collect();
-    // 10% of the ids, chosen by the seed, produced again midway.
-    let mut ids: Vec<usize> = (0..n).collect();
-    for i in 0..n / 10 {
-        let j = env.rng.random_range(i..n);
-        ids.swap(i, j);
-    }
-    ids.truncate(n / 10);
+    let ids = reproduced_ids(&mut env.rng, n);
     let dedup_dir = env.dir.join("dedup");
     let spec = WorkerSpec::new(&env.worker, &env.dir, "copier", &input, &group)
         .args(["--output-topic", &output, "--exactly-once", "--transactional-id", &format!("{group}-tx")])

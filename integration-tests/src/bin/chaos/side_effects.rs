@@ -33,6 +33,17 @@ pub fn record(i: usize) -> RawRecord {
     (Some(format!("k{}", i % KEYS).into_bytes()), Some(id.clone()), vec![("idempotency-key".to_owned(), id)])
 }
 
+/// 10% of the ids `0..n`, chosen by the seed: those produced again midway.
+pub fn reproduced_ids(rng: &mut impl rand::Rng, n: usize) -> Vec<usize> {
+    let mut ids: Vec<usize> = (0..n).collect();
+    for i in 0..n / 10 {
+        let j = rng.random_range(i..n);
+        ids.swap(i, j);
+    }
+    ids.truncate(n / 10);
+    ids
+}
+
 /// Runs the scenario.
 pub async fn run(mut env: Env) -> Result<Outcome> {
     let n = env.profile.effects_records;
@@ -42,13 +53,7 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
     outcome.note(format!("input {input}, group {group} (changelog {group}.dedup-changelog)"));
     create_topic(&input, PARTITIONS).await?;
     produce_raw(&input, (0..n).map(record)).await?;
-    // 10% of the ids, chosen by the seed, produced again midway.
-    let mut ids: Vec<usize> = (0..n).collect();
-    for i in 0..n / 10 {
-        let j = env.rng.random_range(i..n);
-        ids.swap(i, j);
-    }
-    ids.truncate(n / 10);
+    let ids = reproduced_ids(&mut env.rng, n);
     let dedup_dir = env.dir.join("dedup");
     let ledger = env.dir.join("effects.ledger");
     let spec = WorkerSpec::new(&env.worker, &env.dir, "effects", &input, &group)
