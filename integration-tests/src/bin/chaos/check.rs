@@ -179,13 +179,18 @@ pub async fn wait_all_committed(
 ) -> Result<bool> {
     let ends = end_offsets(topic, partitions)?;
     let deadline = Instant::now() + timeout;
+    let mut last = None;
     while Instant::now() < deadline {
         tick()?;
-        if committed_offsets(group, topic, partitions).is_ok_and(|c| c == ends) {
-            return Ok(true);
+        match committed_offsets(group, topic, partitions) {
+            Ok(c) if c == ends => return Ok(true),
+            Ok(c) => last = Some(c),
+            Err(_) => {}
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // For the record of a stall: which partitions stayed behind.
+    println!("  stall: group {group} committed {last:?}, end offsets {ends:?}");
     Ok(false)
 }
 

@@ -83,7 +83,9 @@ impl WorkerSpec {
             .arg("--stats-file")
             .arg(&stats)
             .args(&self.args)
-            .env("RUST_LOG", std::env::var("CHAOS_WORKER_LOG").unwrap_or_else(|_| "error".into()))
+            // Warnings (commit failures, lost partitions, rewinds) stay in the run directory, which is
+            // kept when a scenario fails.
+            .env("RUST_LOG", std::env::var("CHAOS_WORKER_LOG").unwrap_or_else(|_| "warn,librdkafka=error".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
