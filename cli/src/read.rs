@@ -103,6 +103,8 @@ pub struct TopicScan {
     bounds: BTreeMap<i32, (i64, i64)>,
     /// Partitions not yet read to their end.
     remaining: BTreeSet<i32>,
+    /// Per partition: the highest offset received (for the end-of-partition diagnostics).
+    last_read: BTreeMap<i32, i64>,
 }
 
 impl TopicScan {
@@ -156,7 +158,14 @@ impl TopicScan {
         consumer.assign(&assignment).context("assigning the DLQ partitions")?;
         tracing::debug!(topic, ?bounds, "scan opened");
         let remaining = bounds.iter().filter(|(_, (s, e))| s < e).map(|(p, _)| *p).collect();
-        Ok(TopicScan { consumer, topic: topic.to_owned(), bootstrap: bootstrap.to_owned(), bounds, remaining })
+        Ok(TopicScan {
+            consumer,
+            topic: topic.to_owned(),
+            bootstrap: bootstrap.to_owned(),
+            bounds,
+            remaining,
+            last_read: BTreeMap::new(),
+        })
     }
 
     /// Records this scan will read at most (end minus start, summed over partitions).
@@ -177,6 +186,7 @@ impl TopicScan {
                 Ok(msg) => {
                     let (p, offset) = (msg.partition(), msg.offset());
                     let end = self.bounds.get(&p).map_or(0, |b| b.1);
+                    self.last_read.insert(p, offset);
                     let record = (offset < end).then(|| DlqRecord::from_message(&msg));
                     drop(msg);
                     if offset >= end - 1 {
@@ -188,7 +198,13 @@ impl TopicScan {
                 }
                 // Delivered after every earlier record of the partition: reached the end of the log
                 // (at or past the captured end; also covers a trailing transaction marker).
-                Err(KafkaError::PartitionEOF(p)) => self.finish_partition(p),
+                Err(KafkaError::PartitionEOF(p)) => {
+                    tracing::debug!(
+                        topic = %self.topic, partition = p, last_read = ?self.last_read.get(&p),
+                        bounds = ?self.bounds.get(&p), "end of partition"
+                    );
+                    self.finish_partition(p)
+                }
                 Err(KafkaError::MessageConsumption(
                     code @ (RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic),
                 )) => bail!("reading {}: {code} (was the topic deleted?)", self.topic),

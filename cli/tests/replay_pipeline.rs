@@ -37,9 +37,14 @@ fn replay(args: &[&str]) -> String {
         .args(["dlq", "replay"])
         .args(args)
         .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
+        // The scan's bounds and end-of-partition events, for the failure message.
+        .env("RUST_LOG", "warn,millrace::read=debug,librdkafka=off,rdkafka=off")
+        .env("NO_COLOR", "1")
         .output()
         .expect("run millrace");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    // Shown by the test harness when the test fails: what the tool said it would read.
+    eprintln!("millrace dlq replay {args:?}:\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(
         out.status.success(),
         "millrace dlq replay {args:?} failed: {stdout}{}",

@@ -38,6 +38,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+/// At-least-once: how often the completed prefixes are committed again although they did not move.
+pub(crate) const RECOMMIT_EVERY: Duration = Duration::from_secs(5);
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -374,6 +377,7 @@ impl<P: Processor> PollLoop<'_, P> {
         tracing::info!(pipeline = %self.shared.config.name, ?topics, "subscribed");
         let interval = self.shared.config.commit_interval;
         let mut next_commit = Instant::now() + interval;
+        let mut next_refresh = Instant::now() + RECOMMIT_EVERY;
         let every = self.shared.config.commit_every_records;
         // Exactly-once: completed work moves into the open transaction this often.
         let pump_interval = (interval / 10).clamp(Duration::from_millis(1), Duration::from_millis(10));
@@ -472,7 +476,11 @@ impl<P: Processor> PollLoop<'_, P> {
             if records_due || (check_clock && Instant::now() >= next_commit) {
                 completed_at_commit = self.completed();
                 self.flush(&mut batches);
-                if let Err(e) = self.commit_progress() {
+                let refresh = Instant::now() >= next_refresh;
+                if refresh {
+                    next_refresh = Instant::now() + RECOMMIT_EVERY;
+                }
+                if let Err(e) = self.commit_progress(refresh) {
                     result = Err(e);
                     break;
                 }
@@ -571,14 +579,18 @@ impl<P: Processor> PollLoop<'_, P> {
     }
 
     /// Commits every owned partition whose completed prefix moved: asynchronously, or in a
-    /// transaction (exactly-once). An error stops the pipeline.
-    fn commit_progress(&self) -> Result<(), Error> {
+    /// transaction (exactly-once). With `refresh` (at-least-once, every [`RECOMMIT_EVERY`]) every
+    /// owned partition's completed prefix is committed again even if it did not move, as the Java
+    /// consumer's auto-commit does: a commit the group lost or that a late commit replaced is healed
+    /// within that time instead of lingering as lag until the next rebalance. An error stops the
+    /// pipeline.
+    fn commit_progress(&self, refresh: bool) -> Result<(), Error> {
         if let Some(txn) = &self.hooks().transactions {
             self.rewind_deferred()?;
             let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
             return self.after_transaction(txn.commit(self.consumer, &handles));
         }
-        let force = self.hooks().recommit.swap(false, Relaxed);
+        let force = self.hooks().recommit.swap(false, Relaxed) | refresh;
         let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
         let mut tpl = TopicPartitionList::new();
         let mut moved = Vec::new();

@@ -118,3 +118,63 @@ async fn member_joins_and_leaves_mid_stream_without_loss_or_reordering() -> Resu
     );
     Ok(())
 }
+
+/// Liveness of the committed offsets: another member of the group replaces the pipeline's final
+/// commit with a lower offset (the broker accepts a commit for any partition from any member of the
+/// current generation, as a late commit of a former owner would be). With no new record to move the
+/// completed prefix, only the pipeline's periodic re-commit brings the group back to its end offset;
+/// without it the lag would stay until the next rebalance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_commit_is_restored_without_new_records() -> Result<()> {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+    init_logs();
+    let topic = unique("recommit");
+    let group = unique("recommit-group");
+    create_topic(&topic, 1).await?;
+    produce(&topic, keyed_records(200, 10)).await?;
+    let ends = end_offsets(&topic, 1)?;
+
+    let (distinct, _) = watch::channel(0);
+    let (mine, _) = watch::channel(0);
+    let member = Member { id: 0, journal: Default::default(), seen: Default::default(), distinct, mine };
+    let pipeline = Pipeline::new(config(&topic, &group), member)?;
+    let stop = pipeline.shutdown_token();
+    let run = tokio::spawn(pipeline.run());
+    eventually("the pipeline to commit the end", Duration::from_secs(60), || {
+        Ok((committed_offsets(&group, &topic, 1)? == ends).then_some(()))
+    })
+    .await?;
+
+    // A second member (same protocol and assignor; sticky, so the pipeline keeps the partition)
+    // commits offset 0 for the pipeline's partition.
+    let other: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .create()?;
+    other.subscribe(&[&topic])?;
+    let mut rewind = TopicPartitionList::new();
+    rewind.add_partition_offset(&topic, 0, Offset::Offset(0))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let _ = other.poll(Duration::from_millis(100));
+        // Refused until this member has joined the group's current generation.
+        if tokio::task::block_in_place(|| other.commit(&rewind, CommitMode::Sync)).is_ok() {
+            break;
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the second member never got its commit in");
+    }
+    let replaced = std::time::Instant::now();
+    eventually("the pipeline to restore its commit", Duration::from_secs(30), || {
+        let _ = other.poll(Duration::ZERO);
+        Ok((committed_offsets(&group, &topic, 1)? == ends).then_some(()))
+    })
+    .await?;
+    println!("committed offset restored {:?} after it was replaced", replaced.elapsed());
+    drop(other);
+    stop.cancel();
+    run.await??;
+    Ok(())
+}
