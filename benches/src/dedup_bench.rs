@@ -565,14 +565,13 @@ async fn measure_restore(plan: &Plan, topic: &str, group: &str, dir: &Path) -> a
         if assigned.is_none() && s.assigned_partitions >= partitions {
             assigned = Some(at);
         }
-        // A partition whose changelog is empty is never counted in `dedup_restores` (a timeout then
-        // says so); with the default sizes every partition has thousands of entries.
+        // `dedup_restores` counts complete restores only (an empty changelog partition is one), so
+        // this waits until every partition has read its changelog to the end.
         s.dedup_restores >= partitions
     })
     .await?;
-    // The entries are read after the pipeline stopped: a partition's restore counts itself in
-    // `dedup_restores` a moment before its entries are added to `dedup_restored`, so at the moment the
-    // last restore is counted the last partition's entries may be missing from the total.
+    // The entries are read after the pipeline stopped, the one snapshot that is sure to hold every
+    // partition's count (each restore adds its entries to `dedup_restored` just before it counts itself).
     let Driven { elapsed, cpu, after_stop: end, .. } = driven;
     Ok(Restore { entries: end.dedup_restored, elapsed, assigned: assigned.unwrap_or(elapsed), cpu, end })
 }
