@@ -86,23 +86,22 @@ impl Dedup {
             .header(SOURCE_TOPIC_HEADER, topic.as_bytes().to_vec())
     }
 
-    /// Exactly-once: records the keys of a committed transaction (`(topic, partition, key, first
-    /// seen)`, grouped by partition) in the local store, in one write.
-    pub(crate) fn record_committed<'k>(
+    /// Exactly-once: records the keys of a committed transaction in the local store, in one write;
+    /// `partitions` gives each partition's `(key, first seen)` pairs.
+    pub(crate) fn record_committed<'k, K>(
         &self,
-        keys: impl IntoIterator<Item = (&'k str, i32, &'k [u8], i64)>,
-    ) -> Result<(), crate::dedup_store::DedupError> {
+        partitions: impl IntoIterator<Item = (&'k str, i32, K)>,
+    ) -> Result<(), crate::dedup_store::DedupError>
+    where
+        K: IntoIterator<Item = (&'k [u8], i64)>,
+    {
         let mut batch = self.store.batch();
-        let mut current: Option<(&str, i32, crate::dedup_store::PartitionStore<'_>)> = None;
-        for (topic, partition, key, at) in keys {
-            let p = match current.take() {
-                Some(c) if c.0 == topic && c.1 == partition => c,
-                _ => (topic, partition, self.store.partition(topic, partition)?),
-            };
-            batch.record(&p.2, key, at);
-            current = Some(p);
+        for (topic, partition, keys) in partitions {
+            let part = self.store.partition(topic, partition)?;
+            for (key, at) in keys {
+                batch.record(&part, key, at);
+            }
         }
-        drop(current);
         batch.write()
     }
 

@@ -38,11 +38,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 /// At-least-once: how often the completed prefixes are committed again although they did not move.
 pub(crate) const RECOMMIT_EVERY: Duration = Duration::from_secs(5);
-use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
 
 /// Records handed to a partition task in one message, at most.
 const BATCH: usize = 512;
@@ -476,9 +476,10 @@ impl<P: Processor> PollLoop<'_, P> {
             if records_due || (check_clock && Instant::now() >= next_commit) {
                 completed_at_commit = self.completed();
                 self.flush(&mut batches);
-                let refresh = Instant::now() >= next_refresh;
+                let now = Instant::now();
+                let refresh = now >= next_refresh;
                 if refresh {
-                    next_refresh = Instant::now() + RECOMMIT_EVERY;
+                    next_refresh = now + RECOMMIT_EVERY;
                 }
                 if let Err(e) = self.commit_progress(refresh) {
                     result = Err(e);

@@ -445,14 +445,16 @@ impl Transactions {
         if keys.is_empty() {
             return;
         }
-        let entries = keys.iter().map(|k| (&*k.handle.topic, k.handle.partition, &k.key[..], k.at));
+        // The keys were taken partition by partition, so each partition's keys are adjacent.
+        let partitions = || keys.chunk_by(|a, b| Arc::ptr_eq(&a.handle, &b.handle));
+        let entries = partitions()
+            .map(|same| (&*same[0].handle.topic, same[0].handle.partition, same.iter().map(|k| (&k.key[..], k.at))));
         if let Err(e) = dedup.record_committed(entries) {
             // They are in the (committed) changelog, so a restore brings them back; until then a
             // duplicate of one of them is not recognised here.
             tracing::warn!(pipeline = %self.name, error = %e, "dedup store write after commit failed");
         }
-        // The keys were taken partition by partition, so each partition's keys are adjacent.
-        for same in keys.chunk_by(|a, b| Arc::ptr_eq(&a.handle, &b.handle)) {
+        for same in partitions() {
             same[0].handle.pending.settle(same.iter().map(|k| &k.key));
         }
     }

@@ -3,9 +3,10 @@
 //! # Workloads
 //! See [`workload::Workload`]: C0 (raw drain), P0 (raw consume -> produce pipe), Pt(100 ms) and
 //! Pt(1 s) (the pipe in transactions), F_alos (Millrace, a processor emitting one output), F_dedup
-//! (dedup store on; 0% and 10% duplicates; at-least-once, and exactly-once as F_dedup_eos), F_dlq (1% poison records), F_eos(100 ms) and F_eos(1 s)
-//! (Millrace exactly-once: reported "not available" until [`millrace_side::exactly_once`] is wired),
-//! and Kafka Streams at_least_once and exactly_once_v2 (a child JVM, see [`streams`]).
+//! (dedup store on; 0% and 10% duplicates; at-least-once, and exactly-once as F_dedup_eos), F_dlq
+//! (1% poison records), F_eos(100 ms) and F_eos(1 s) (Millrace exactly-once, see
+//! [`millrace_side::exactly_once`]), and Kafka Streams at_least_once and exactly_once_v2 (a child
+//! JVM, see [`streams`]).
 //!
 //! # Input
 //! For each record size (`--value-size`, default 100 B, and `--large-value-size`, default 1 KiB), a

@@ -2,6 +2,7 @@
 //! and DLQ topics back with their own consumers (`read_committed`, after the run and concurrently
 //! with it), and read the journals and ledgers the worker writes outside Kafka.
 
+use crate::fleet::Slot;
 use crate::outcome::Outcome;
 use anyhow::Result;
 use millrace_integration_tests::{
@@ -166,6 +167,19 @@ pub fn transaction_open(committed: &Watermarks, uncommitted: &Watermarks, topic:
 /// answer).
 pub fn committed_total(group: &str, topic: &str, partitions: i32) -> Option<i64> {
     committed_offsets(group, topic, partitions).ok().map(|c| c.values().sum())
+}
+
+/// A broker outage or an abort is retried, not crashed on: the worker in `slot` must never have
+/// exited unless the harness killed or stopped it.
+pub fn no_unexpected_exits(outcome: &mut Outcome, slot: &Slot) {
+    outcome.check(
+        slot.unexpected_exits.is_empty(),
+        format!(
+            "the copier exited by itself {} times (exit codes {:?})",
+            slot.unexpected_exits.len(),
+            slot.unexpected_exits
+        ),
+    );
 }
 
 /// Waits until the group has committed the whole input (`committed offsets = end offsets`), for up

@@ -161,10 +161,7 @@ pub async fn copier_sigkill(mut env: Env) -> Result<Outcome> {
     check::exactly_once_checks(&mut outcome, &expected, &output, 3, reader, all).await?;
     outcome.check(slot.kills >= kills, format!("only {} of {kills} kills made", slot.kills));
     outcome.check(clean, "the last copier did not drain and exit 0 on SIGTERM");
-    outcome.check(
-        slot.unexpected_exits.is_empty(),
-        format!("the copier exited by itself {} times: {:?}", slot.unexpected_exits.len(), slot.unexpected_exits),
-    );
+    check::no_unexpected_exits(&mut outcome, &slot);
     outcome.note(format!(
         "{} incarnations; {} kills ({} with a transaction open); transactions: {} committed, {} aborted ({} injected); {} partition rewinds; {} records processed for {n} inputs",
         slot.incarnations.len(),

@@ -13,7 +13,7 @@ use crate::check::{self, ConcurrentReader};
 use crate::copier::{Input, kill_loop};
 use crate::fleet::{Slot, WorkerSpec};
 use crate::outcome::Outcome;
-use crate::side_effects::{record, reproduced_ids};
+use crate::side_effects::{record, reproduced_ids, wipe_store_and_reproduce};
 use anyhow::Result;
 use millrace_integration_tests::{create_topic, produce_raw, unique};
 use std::time::Duration;
@@ -46,7 +46,6 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
     slot.start()?;
     let midway = kills / 2;
     let mut reproduced = 0;
-    let dup_ids = ids.clone();
     kill_loop(
         &mut env,
         &mut slot,
@@ -55,8 +54,7 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
         Some((&output, OUTPUT_PARTITIONS)),
         async |k| {
             if k == midway {
-                std::fs::remove_dir_all(&dedup_dir)?;
-                reproduced = produce_raw(&input, dup_ids.iter().map(|&i| record(i))).await?.len();
+                reproduced = wipe_store_and_reproduce(&dedup_dir, &input, &ids).await?.len();
             }
             Ok(())
         },
@@ -74,10 +72,7 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
     let complete = after_deletion.get("dedup_restores").copied().unwrap_or(0);
     let hits = slot.stat("dedup_hits");
     outcome.check(clean, "the last copier did not drain and exit 0 on SIGTERM");
-    outcome.check(
-        slot.unexpected_exits.is_empty(),
-        format!("the copier exited by itself {} times: {:?}", slot.unexpected_exits.len(), slot.unexpected_exits),
-    );
+    check::no_unexpected_exits(&mut outcome, &slot);
     outcome.check(restored > 0, "no dedup key restored from the changelog after the RocksDB deletion");
     outcome.check(
         complete >= PARTITIONS as u64,

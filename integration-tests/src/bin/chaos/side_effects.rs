@@ -33,6 +33,18 @@ pub fn record(i: usize) -> RawRecord {
     (Some(format!("k{}", i % KEYS).into_bytes()), Some(id.clone()), vec![("idempotency-key".to_owned(), id)])
 }
 
+/// The midway fault of both dedup scenarios, while the worker is down: deletes its RocksDB
+/// directory (the next incarnation restores from the changelog) and produces the inputs `ids` again
+/// with their idempotency keys. Returns where the duplicates landed.
+pub async fn wipe_store_and_reproduce(
+    dedup_dir: &std::path::Path,
+    input: &str,
+    ids: &[usize],
+) -> Result<Vec<(i32, i64)>> {
+    std::fs::remove_dir_all(dedup_dir)?;
+    produce_raw(input, ids.iter().map(|&i| record(i))).await
+}
+
 /// 10% of the ids `0..n`, chosen by the seed: those produced again midway.
 pub fn reproduced_ids(rng: &mut impl rand::Rng, n: usize) -> Vec<usize> {
     let mut ids: Vec<usize> = (0..n).collect();
@@ -68,7 +80,6 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
     let midway = kills / 2;
     let mut duplicates: BTreeSet<(i32, i64)> = BTreeSet::new();
     let mut restored_by = None;
-    let dup_ids = ids.clone();
     kill_loop(
         &mut env,
         &mut slot,
@@ -77,8 +88,7 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
         None,
         async |k| {
             if k == midway {
-                std::fs::remove_dir_all(&dedup_dir)?;
-                duplicates.extend(produce_raw(&input, dup_ids.iter().map(|&i| record(i))).await?);
+                duplicates.extend(wipe_store_and_reproduce(&dedup_dir, &input, &ids).await?);
                 restored_by = Some(k + 1);
             }
             Ok(())
