@@ -35,6 +35,8 @@ pub(crate) struct RuntimeHandles {
     pub(crate) transactional: bool,
     /// The producer's `message.max.bytes`: a larger output can never be produced.
     pub(crate) max_output_bytes: usize,
+    /// Exactly-once: output topics known to exist.
+    pub(crate) output_topics: crate::output_topics::OutputTopics,
 }
 
 impl Context {
@@ -88,13 +90,17 @@ impl Context {
     /// exactly-once mode the record is kept for the transaction that commits the input record.
     ///
     /// A record larger than the producer's `message.max.bytes` fails at once with
-    /// [`EmitError::TooLarge`], a permanent error (the input record goes to the DLQ).
+    /// [`EmitError::TooLarge`], a permanent error (the input record goes to the DLQ). In exactly-once
+    /// mode an output to a topic that does not exist fails with [`EmitError::TopicUnavailable`], a
+    /// transient error (retried, then dead-lettered), instead of aborting the transaction.
     pub async fn emit(&self, record: OutputRecord) -> Result<(), EmitError> {
         let size = record.byte_len();
         if size > self.handles.max_output_bytes {
             return Err(EmitError::TooLarge { topic: record.topic, size, max: self.handles.max_output_bytes });
         }
         if self.handles.transactional {
+            // A missing topic would abort the whole transaction: fail this attempt instead.
+            self.handles.output_topics.check(&self.handles.producer, &record.topic).await?;
             self.buffered.lock().expect("buffered outputs lock").push(record);
             return Ok(());
         }

@@ -175,6 +175,16 @@ pub enum EmitError {
         /// Destination topic.
         topic: String,
     },
+    /// Exactly-once mode: the output's topic does not exist (or its metadata cannot be read), so
+    /// the record is not put into a transaction, where it would abort it. Transient: retried under
+    /// the retry policy (the topic may yet be created), then dead-lettered as `transient-exhausted`.
+    #[error("output topic {topic} is not available: {reason}")]
+    TopicUnavailable {
+        /// Destination topic.
+        topic: String,
+        /// What the metadata request said.
+        reason: String,
+    },
     /// The record is larger than the producer's `message.max.bytes`: it can never be produced.
     #[error("output to {topic} is {size} bytes, over the producer's message.max.bytes ({max})")]
     TooLarge {

@@ -14,6 +14,10 @@
 //! - `pending`, `transaction` and `txn_producer` (internal): exactly-once mode; completed records'
 //!   outputs wait by offset and commit with the input offsets in one Kafka transaction per commit
 //!   interval; the transactional producer is replaced when a broker outage leaves it unusable.
+//! - `rejected` (internal): exactly-once mode; a record whose output the broker rejects (unknown
+//!   topic, too large, not authorised) runs again with its outputs alone, then goes to the DLQ in
+//!   the transaction that commits its offset, instead of aborting every transaction forever;
+//!   `output_topics` (internal) keeps outputs to a missing topic out of transactions altogether.
 //! - [`config`], [`error`], [`record`], [`stats`], [`shutdown`]: the supporting pieces.
 //! - [`typed`] and [`codec`]: typed processors decode the value before the processor sees it;
 //!   [`avro`] with a [`schema_registry`] is the codec for Avro in the Confluent wire format.
@@ -61,6 +65,7 @@ pub mod guarantees {
 }
 mod kafka_log;
 pub mod offsets;
+mod output_topics;
 mod partition;
 mod pending;
 pub mod pipeline;
@@ -68,6 +73,7 @@ pub mod processor;
 mod produce;
 mod rebalance;
 pub mod record;
+mod rejected;
 pub mod retry;
 pub mod schema_registry;
 pub mod shutdown;

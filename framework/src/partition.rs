@@ -21,6 +21,7 @@ use crate::pending::{self, PendingOutputs};
 use crate::pipeline::Shared;
 use crate::processor::Processor;
 use crate::record::Record;
+use crate::rejected::Verdict;
 use crate::stats::Stats;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
@@ -85,6 +86,13 @@ pub(crate) struct PartitionHandle {
     /// The first offset handed to the task (poll thread only): where a rewind goes when nothing was
     /// committed in this epoch.
     first_offset: AtomicI64,
+    /// The offset after the last record handed to the task (poll thread only).
+    next_sent: AtomicI64,
+    /// Set by the poll thread while the partition is caught up: the consumer's position, which
+    /// librdkafka moves past transaction markers and aborted records that are never delivered (so
+    /// the task never sees them). The committable offset is at least this (see
+    /// [`PartitionHandle::advance_idle`]).
+    idle_end: AtomicI64,
     /// Exactly-once: completed records' outputs awaiting their transaction.
     pub(crate) pending: PendingOutputs,
 }
@@ -109,6 +117,8 @@ impl PartitionHandle {
             paused: AtomicBool::new(false),
             last_committed: AtomicI64::new(NO_OFFSET),
             first_offset: AtomicI64::new(NO_OFFSET),
+            next_sent: AtomicI64::new(NO_OFFSET),
+            idle_end: AtomicI64::new(NO_OFFSET),
             pending: PendingOutputs::default(),
         });
         runtime.spawn(PartitionTask::new(shared.clone(), handle.clone()).run(rx));
@@ -123,6 +133,9 @@ impl PartitionHandle {
             && self.first_offset.load(Relaxed) == NO_OFFSET
         {
             self.first_offset.store(first.offset, Relaxed);
+        }
+        if let Some(last) = records.last() {
+            self.next_sent.store(last.offset + 1, Relaxed);
         }
         let bytes: u64 = records.iter().map(|r| r.byte_len() as u64).sum();
         let now = self.buffered.fetch_add(n, Relaxed) + n;
@@ -143,11 +156,33 @@ impl PartitionHandle {
         StopRequest { wait: sent.then_some(wait), deadline }
     }
 
-    /// The offset to commit (the end of the contiguous completed prefix), if any record was tracked.
+    /// The offset to commit (the end of the contiguous completed prefix, or the position the
+    /// partition was idle at if that is further), if any.
     pub(crate) fn committable(&self) -> Option<i64> {
         // Acquire pairs with the task's Release in `publish`: the pending outputs of every record
         // below the offset read here are visible too.
-        Some(self.committable.load(Acquire)).filter(|o| *o != NO_OFFSET)
+        let done = self.committable.load(Acquire).max(self.idle_end.load(Relaxed));
+        Some(done).filter(|o| *o != NO_OFFSET)
+    }
+
+    /// Whether every record handed to the task so far has completed (none is running, queued or
+    /// failed), so that nothing of this partition below the consumer's position is unfinished.
+    /// Poll thread only, with every polled record handed over.
+    pub(crate) fn caught_up(&self) -> bool {
+        let sent = self.next_sent.load(Relaxed);
+        self.buffered() == 0 && (sent == NO_OFFSET || self.committable.load(Acquire) == sent)
+    }
+
+    /// A caught-up partition's committable offset moves to `position`, the consumer's position
+    /// (the offset of the next record poll would return): the offsets between the last record
+    /// handed over and it held only transaction markers or aborted records, which are never
+    /// delivered, so without this a partition written by a transactional producer never shows lag
+    /// 0. Every record polled later has an offset at or above `position`, so the completed
+    /// prefix never falls below it. Poll thread only, right after [`caught_up`](Self::caught_up).
+    pub(crate) fn advance_idle(&self, position: i64) {
+        if self.committable().is_none_or(|c| position > c) {
+            self.idle_end.store(position, Relaxed);
+        }
     }
 
     /// Where to seek to redo this epoch's uncommitted work: the last committed offset, else the
@@ -202,6 +237,8 @@ struct Finished {
     outcome: Outcome,
     /// Exactly-once with dedup: the key to record once the record's transaction commits.
     dedup_key: Option<Vec<u8>>,
+    /// Exactly-once: produce its outputs in a batch of their own (see [`crate::rejected`]).
+    alone: bool,
 }
 
 struct Stopping {
@@ -410,11 +447,39 @@ impl<P: Processor> PartitionTask<P> {
                 bytes: record.byte_len() as u64,
                 outcome: Outcome::Abandoned,
                 dedup_key: None,
+                alone: false,
             };
             if shared.stats.breaker_open.load(Relaxed) != 0 {
                 tokio::select! {
                     _ = shared.breaker.closed(&shared.stats) => {}
                     _ = cancel.cancelled() => return abandoned(&record),
+                }
+            }
+            // Exactly-once: a record whose output was rejected runs alone, or is dead-lettered.
+            let mut alone = false;
+            match shared.rejections.as_ref().map(|r| r.verdict(&record, &shared.config.retry)) {
+                None | Some(Verdict::Clean) => {}
+                Some(Verdict::Alone { delay }) => {
+                    alone = true;
+                    if !delay.is_zero() {
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => {}
+                            _ = cancel.cancelled() => return abandoned(&record),
+                        }
+                    }
+                }
+                Some(Verdict::DeadLetter(failure)) => {
+                    tracing::warn!(
+                        pipeline = %shared.config.name, topic = %record.topic, partition = record.partition,
+                        offset = record.offset, error = %failure.message,
+                        "an output of the record can never be produced; it is not run again"
+                    );
+                    let outcome = match shared.config.dlq.enabled {
+                        true => dead_letter(shared, &record, &failure, cancel).await,
+                        false => Outcome::Failed(failure),
+                    };
+                    let (offset, bytes) = (record.offset, record.byte_len() as u64);
+                    return Finished { lane, offset, bytes, outcome, dedup_key: None, alone: false };
                 }
             }
             let dedup = shared.dedup.as_ref().and_then(|d| Some((d, d.config.key_of(&record)?)));
@@ -456,7 +521,7 @@ impl<P: Processor> PartitionTask<P> {
                     }
                 }
             };
-            Finished { lane, offset: record.offset, bytes: record.byte_len() as u64, outcome, dedup_key }
+            Finished { lane, offset: record.offset, bytes: record.byte_len() as u64, outcome, dedup_key, alone }
         }
     }
 
@@ -465,7 +530,13 @@ impl<P: Processor> PartitionTask<P> {
         let completes = match &mut f.outcome {
             Outcome::Done(outputs) => {
                 self.tally.processed += 1;
-                self.keep_for_transaction(f.offset, std::mem::take(outputs), f.dedup_key.take());
+                let entry = pending::Entry {
+                    outputs: std::mem::take(outputs),
+                    dedup_key: f.dedup_key.take(),
+                    alone: f.alone,
+                    dead_letter: false,
+                };
+                self.keep_for_transaction(f.offset, entry);
                 true
             }
             Outcome::Duplicate => {
@@ -474,7 +545,13 @@ impl<P: Processor> PartitionTask<P> {
             }
             Outcome::DeadLettered(outputs) => {
                 self.tally.dead_lettered += 1;
-                self.keep_for_transaction(f.offset, std::mem::take(outputs), None);
+                let entry = pending::Entry {
+                    outputs: std::mem::take(outputs),
+                    dedup_key: None,
+                    alone: false,
+                    dead_letter: true,
+                };
+                self.keep_for_transaction(f.offset, entry);
                 true
             }
             Outcome::Failed(failure) => {
@@ -513,9 +590,9 @@ impl<P: Processor> PartitionTask<P> {
 
     /// Exactly-once: keeps a completed record's outputs (and dedup key) for the transaction that will
     /// commit its offset; done before the offset is published as committable.
-    fn keep_for_transaction(&self, offset: i64, outputs: Vec<crate::record::OutputRecord>, dedup_key: Option<Vec<u8>>) {
-        if !outputs.is_empty() || dedup_key.is_some() {
-            self.handle.pending.push(offset, pending::Entry { outputs, dedup_key }, &self.shared.stats);
+    fn keep_for_transaction(&self, offset: i64, entry: pending::Entry) {
+        if !entry.outputs.is_empty() || entry.dedup_key.is_some() {
+            self.handle.pending.push(offset, entry, &self.shared.stats);
         }
     }
 

@@ -20,6 +20,11 @@ use std::sync::Mutex;
 pub(crate) struct Entry {
     pub(crate) outputs: Vec<OutputRecord>,
     pub(crate) dedup_key: Option<Vec<u8>>,
+    /// Produce the outputs in a batch of their own (an output of the record was rejected before:
+    /// see [`crate::rejected`]).
+    pub(crate) alone: bool,
+    /// The outputs are the record's DLQ record.
+    pub(crate) dead_letter: bool,
 }
 
 impl Entry {
@@ -63,17 +68,17 @@ impl PendingOutputs {
         true
     }
 
-    /// Takes the entries of offsets below `end`, in offset order. Their dedup keys stay known until
-    /// [`settle`](Self::settle).
-    pub(crate) fn take_below(&self, end: i64, stats: &Stats) -> Vec<Entry> {
+    /// Takes the entries of offsets below `end`, in offset order, with their offsets. Their dedup
+    /// keys stay known until [`settle`](Self::settle).
+    pub(crate) fn take_below(&self, end: i64, stats: &Stats) -> Vec<(i64, Entry)> {
         let mut inner = self.lock();
         if inner.closed {
             return Vec::new();
         }
         let rest = inner.entries.split_off(&end);
         let taken = std::mem::replace(&mut inner.entries, rest);
-        let entries: Vec<Entry> = taken.into_values().collect();
-        stats.sub_in_flight(0, entries.iter().map(Entry::bytes).sum());
+        let entries: Vec<(i64, Entry)> = taken.into_iter().collect();
+        stats.sub_in_flight(0, entries.iter().map(|(_, e)| e.bytes()).sum());
         entries
     }
 
@@ -109,6 +114,8 @@ mod tests {
         Entry {
             outputs: vec![OutputRecord::to("out").value(value.as_bytes().to_vec())],
             dedup_key: key.map(|k| k.as_bytes().to_vec()),
+            alone: false,
+            dead_letter: false,
         }
     }
 
@@ -121,7 +128,8 @@ mod tests {
             assert!(p.push(offset, entry(v, None), &stats));
         }
         assert_eq!(stats.snapshot().buffered_bytes, 4);
-        let taken: Vec<_> = p.take_below(13, &stats).into_iter().map(|e| e.outputs[0].value.clone().unwrap()).collect();
+        let taken: Vec<_> =
+            p.take_below(13, &stats).into_iter().map(|(_, e)| e.outputs[0].value.clone().unwrap()).collect();
         assert_eq!(taken, [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
         assert_eq!(stats.snapshot().buffered_bytes, 1, "14 stays until 13 completes");
         assert!(p.take_below(13, &stats).is_empty());
@@ -137,7 +145,7 @@ mod tests {
         assert!(p.has_key(b"k1"));
         let taken = p.take_below(2, &stats);
         assert!(p.has_key(b"k1"), "taken but not committed yet");
-        p.settle(taken.iter().filter_map(|e| e.dedup_key.as_ref()));
+        p.settle(taken.iter().filter_map(|(_, e)| e.dedup_key.as_ref()));
         assert!(!p.has_key(b"k1"));
         p.push(2, entry("y", Some("k2")), &stats);
         p.discard(&stats);

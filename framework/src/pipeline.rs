@@ -24,6 +24,7 @@ use crate::partition::PartitionHandle;
 use crate::processor::Processor;
 use crate::rebalance::{Assignments, Hooks, Starter, commit_now};
 use crate::record::Record;
+use crate::rejected::Rejections;
 use crate::stats::Stats;
 use crate::transaction::{Transactions, TxnOutcome};
 use crate::txn_producer::TxnClient;
@@ -67,6 +68,8 @@ pub(crate) struct Shared<P> {
     pub(crate) log: Arc<KafkaLog>,
     /// The dedup store, when on.
     pub(crate) dedup: Option<Arc<Dedup>>,
+    /// Exactly-once: outputs rejected for their record.
+    pub(crate) rejections: Option<Arc<Rejections>>,
 }
 
 /// Lets partition tasks wake the poll thread while it waits for in-flight room.
@@ -151,14 +154,15 @@ impl<P: Processor> Pipeline<P> {
             .create_with_context(ProducerHooks(log.clone()))
             .map_err(client_creation("producer"))?;
         let dedup = config.dedup.clone().map(|d| Dedup::open(d, &config.group_id)).transpose()?.map(Arc::new);
-        let transactions = match config.exactly_once_settings() {
-            None => None,
-            Some(eo) => {
-                let client =
-                    TxnClient::new(transactional_producer_config(&config, eo), log.clone(), eo.transaction_timeout)
-                        .map_err(client_creation("transactional producer"))?;
+        let rejections = config.exactly_once_settings().map(|_| Arc::new(Rejections::default()));
+        let transactions = match (config.exactly_once_settings(), &rejections) {
+            (Some(eo), Some(rejections)) => {
+                let producer_config = transactional_producer_config(&config, eo);
+                let client = TxnClient::new(producer_config, log.clone(), eo.transaction_timeout, rejections.clone())
+                    .map_err(client_creation("transactional producer"))?;
                 Some(Arc::new(Transactions::new(client, stats.clone(), dedup.clone(), eo.clone(), config.name.clone())))
             }
+            _ => None,
         };
         let hooks = Hooks {
             transactions,
@@ -180,9 +184,11 @@ impl<P: Processor> Pipeline<P> {
             shutdown: CancellationToken::new(),
             transactional: config.exactly_once_settings().is_some(),
             max_output_bytes: max_message_bytes(&config)?,
+            output_topics: Default::default(),
         };
         let shared = Shared {
             dedup,
+            rejections,
             admin: Arc::new(admin),
             dlq_topics: Mutex::default(),
             breaker: Breaker::new(config.circuit_breaker),
@@ -438,6 +444,11 @@ impl<P: Processor> PollLoop<'_, P> {
                 result = Err(Error::Transaction(e));
                 break;
             }
+            if let Some(e) = self.shared.rejections.as_ref().and_then(|r| r.take_fatal()) {
+                tracing::error!(pipeline = %self.shared.config.name, error = %e, "stopping");
+                result = Err(Error::Runtime(e));
+                break;
+            }
             if self.hooks().transactions.as_ref().is_some_and(|t| t.needs_reset()) {
                 match self.reset_transactions() {
                     Ok(true) => {}
@@ -589,10 +600,12 @@ impl<P: Processor> PollLoop<'_, P> {
         if let Some(txn) = &self.hooks().transactions {
             self.rewind_deferred()?;
             let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
+            self.advance_idle(&handles);
             return self.after_transaction(txn.commit(self.consumer, &handles));
         }
         let force = self.hooks().recommit.swap(false, Relaxed) | refresh;
         let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
+        self.advance_idle(&handles);
         let mut tpl = TopicPartitionList::new();
         let mut moved = Vec::new();
         for h in &handles {
@@ -610,6 +623,26 @@ impl<P: Processor> PollLoop<'_, P> {
             self.hooks().recommit.store(true, Relaxed);
         }
         Ok(())
+    }
+
+    /// Moves the committable offset of every caught-up partition to the consumer's position, past
+    /// transaction markers and aborted records (see [`PartitionHandle::advance_idle`]), so that a
+    /// group that finished its work shows lag 0 on transactional input too. Every polled record
+    /// must have been handed over (flushed) before.
+    fn advance_idle(&self, handles: &[Arc<PartitionHandle>]) {
+        let idle: Vec<_> = handles.iter().filter(|h| h.caught_up()).collect();
+        if idle.is_empty() {
+            return;
+        }
+        let positions = match self.consumer.position() {
+            Ok(p) => p,
+            Err(e) => return self.hooks().log.warn("reading the consumer's position failed", &e.to_string()),
+        };
+        for h in idle {
+            if let Some(Offset::Offset(p)) = positions.find_partition(&h.topic, h.partition).map(|e| e.offset()) {
+                h.advance_idle(p);
+            }
+        }
     }
 
     /// Exactly-once: rewinds the partitions an abort inside a rebalance callback left for after the

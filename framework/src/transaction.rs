@@ -40,12 +40,12 @@ use crate::config::ExactlyOnce;
 use crate::dedup_changelog::Dedup;
 use crate::partition::PartitionHandle;
 use crate::rebalance::Hooks;
-use crate::record::OutputRecord;
+use crate::rejected::{Produced, Source};
 use crate::stats::Stats;
 use crate::txn_producer::{TxnClient, TxnProducer, is_outage};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{BaseRecord, Producer as _};
+use rdkafka::producer::Producer as _;
 use rdkafka::{Offset, TopicPartitionList};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -262,20 +262,32 @@ impl Transactions {
                 Stats::bump(&self.stats.commits);
             }
             let now = crate::dlq::now_ms();
-            for entry in entries {
+            for (offset, entry) in entries {
+                let source =
+                    |what| Source { topic: h.topic.clone(), partition: h.partition, offset, alone: entry.alone, what };
+                let what = if entry.dead_letter { Produced::DeadLetter } else { Produced::Output };
+                if entry.alone {
+                    // Its own batch: wait for every earlier output's acknowledgement first.
+                    self.await_deliveries(&producer);
+                }
                 for out in &entry.outputs {
-                    if let Err(e) = send(&producer, out) {
+                    if let Err(e) = self.client.send(&producer, out, source(what)) {
                         tracing::warn!(pipeline = %self.name, topic = %out.topic, error = %e, "transactional produce failed");
                         return Err(self.abort(&producer, &mut open));
                     }
                     open.outputs += 1;
                 }
+                if entry.alone {
+                    // ... and for its own before anything else joins a batch.
+                    self.await_deliveries(&producer);
+                }
                 if let (Some(key), Some(dedup)) = (entry.dedup_key, &self.dedup) {
-                    if dedup.config.changelog
-                        && let Err(e) = send(&producer, &dedup.changelog_entry(&h.topic, h.partition, &key, now))
-                    {
-                        tracing::warn!(pipeline = %self.name, error = %e, "dedup changelog produce failed");
-                        return Err(self.abort(&producer, &mut open));
+                    if dedup.config.changelog {
+                        let out = dedup.changelog_entry(&h.topic, h.partition, &key, now);
+                        if let Err(e) = self.client.send(&producer, &out, source(Produced::Changelog)) {
+                            tracing::warn!(pipeline = %self.name, error = %e, "dedup changelog produce failed");
+                            return Err(self.abort(&producer, &mut open));
+                        }
                     }
                     open.keys.push(SentKey { handle: h.clone(), key, at: now });
                 }
@@ -331,6 +343,7 @@ impl Transactions {
         drop(open);
         for (h, end) in &done.parts {
             h.set_committed(*end);
+            self.client.rejections().committed(&h.topic, h.partition, *end);
         }
         self.record_dedup_keys(done.keys);
         TxnOutcome::Committed
@@ -412,6 +425,10 @@ impl Transactions {
         let aborted = std::mem::take(open);
         Stats::bump(&self.stats.transactions_aborted);
         let started = Instant::now();
+        // Let the requests in flight finish first: after a produce error that needs an epoch bump,
+        // the abort bumps the producer epoch, and a request of the old epoch answered after that
+        // (INVALID_PRODUCER_EPOCH) would leave librdkafka's producer fenced for good.
+        self.await_deliveries(producer);
         let deadline = started + self.call_timeout();
         let mut attempt = 0u32;
         loop {
@@ -456,35 +473,6 @@ impl Transactions {
         }
         for same in partitions() {
             same[0].handle.pending.settle(same.iter().map(|k| &k.key));
-        }
-    }
-}
-
-/// Queues one output in the open transaction, waiting while the producer queue is full.
-fn send(producer: &TxnProducer, out: &OutputRecord) -> Result<(), KafkaError> {
-    let mut headers = crate::produce::kafka_headers(&out.headers);
-    loop {
-        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&out.topic);
-        if let Some(h) = headers.take() {
-            record = record.headers(h);
-        }
-        if let Some(k) = out.key.as_deref() {
-            record = record.key(k);
-        }
-        if let Some(v) = out.value.as_deref() {
-            record = record.payload(v);
-        }
-        if let Some(p) = out.partition {
-            record = record.partition(p);
-        }
-        match producer.send(record) {
-            Ok(()) => return Ok(()),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                headers = back.headers;
-                // The producer's own thread drains the queue.
-                std::thread::sleep(Duration::from_micros(250));
-            }
-            Err((e, _)) => return Err(e),
         }
     }
 }

@@ -12,11 +12,14 @@
 //! stops the pipeline instead; the distinction is [`TxnClient::saw_outage`].
 
 use crate::kafka_log::{KafkaLog, is_fatal};
+use crate::record::OutputRecord;
+use crate::rejected::{Rejections, Source};
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{DeliveryResult, Producer as _, ProducerContext, ThreadedProducer};
+use rdkafka::message::Message as _;
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,14 +38,26 @@ pub(crate) struct TxnClient {
     producer: Mutex<Arc<TxnProducer>>,
     /// How long one call may block.
     call_timeout: Duration,
+    /// Outputs rejected for their record, noted by the delivery callback.
+    rejections: Arc<Rejections>,
 }
 
 impl TxnClient {
     /// Creates the producer (not initialised yet: see [`init`](Self::init)).
-    pub(crate) fn new(config: ClientConfig, log: Arc<KafkaLog>, call_timeout: Duration) -> Result<Self, KafkaError> {
+    pub(crate) fn new(
+        config: ClientConfig,
+        log: Arc<KafkaLog>,
+        call_timeout: Duration,
+        rejections: Arc<Rejections>,
+    ) -> Result<Self, KafkaError> {
         let outage = Arc::new(AtomicBool::new(false));
-        let producer = create(&config, &log, &outage)?;
-        Ok(Self { config, log, outage, producer: Mutex::new(Arc::new(producer)), call_timeout })
+        let producer = create(&config, &log, &outage, &rejections)?;
+        Ok(Self { config, log, outage, producer: Mutex::new(Arc::new(producer)), call_timeout, rejections })
+    }
+
+    /// Outputs rejected for their record.
+    pub(crate) fn rejections(&self) -> &Rejections {
+        &self.rejections
     }
 
     /// The current producer.
@@ -75,7 +90,7 @@ impl TxnClient {
     pub(crate) fn replace(&self) -> Result<(), KafkaError> {
         // A new producer talks to no coordinator before its `init_transactions`; the old one is
         // destroyed before that (the caller, the poll thread, holds no other reference to it).
-        let fresh = Arc::new(create(&self.config, &self.log, &self.outage)?);
+        let fresh = Arc::new(create(&self.config, &self.log, &self.outage, &self.rejections)?);
         let old = std::mem::replace(&mut *self.producer.lock().unwrap_or_else(|p| p.into_inner()), fresh);
         drop(old);
         self.outage.store(false, Relaxed);
@@ -97,10 +112,51 @@ impl TxnClient {
     pub(crate) fn clear_outage(&self) {
         self.outage.store(false, Relaxed);
     }
+
+    /// Queues one output in the open transaction, waiting while the producer queue is full; the
+    /// output carries its input record (`source`) to its delivery report. An output librdkafka
+    /// refuses at once for its record's sake is noted as rejected (see [`crate::rejected`]).
+    pub(crate) fn send(&self, producer: &TxnProducer, out: &OutputRecord, source: Source) -> Result<(), KafkaError> {
+        let mut headers = crate::produce::kafka_headers(&out.headers);
+        let mut source = Box::new(source);
+        loop {
+            let mut record: BaseRecord<'_, [u8], [u8], Box<Source>> = BaseRecord::with_opaque_to(&out.topic, source);
+            if let Some(h) = headers.take() {
+                record = record.headers(h);
+            }
+            if let Some(k) = out.key.as_deref() {
+                record = record.key(k);
+            }
+            if let Some(v) = out.value.as_deref() {
+                record = record.payload(v);
+            }
+            if let Some(p) = out.partition {
+                record = record.partition(p);
+            }
+            match producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    headers = back.headers;
+                    source = back.delivery_opaque;
+                    // The producer's own thread drains the queue.
+                    std::thread::sleep(Duration::from_micros(250));
+                }
+                Err((e, back)) => {
+                    self.rejections.rejected(&back.delivery_opaque, &out.topic, &e);
+                    return Err(e);
+                }
+            }
+        }
+    }
 }
 
-fn create(config: &ClientConfig, log: &Arc<KafkaLog>, outage: &Arc<AtomicBool>) -> Result<TxnProducer, KafkaError> {
-    config.create_with_context(TxnHooks { log: log.clone(), outage: outage.clone() })
+fn create(
+    config: &ClientConfig,
+    log: &Arc<KafkaLog>,
+    outage: &Arc<AtomicBool>,
+    rejections: &Arc<Rejections>,
+) -> Result<TxnProducer, KafkaError> {
+    config.create_with_context(TxnHooks { log: log.clone(), outage: outage.clone(), rejections: rejections.clone() })
 }
 
 /// Errors that say the brokers were unreachable or slow rather than that the request was refused.
@@ -124,10 +180,12 @@ pub(crate) fn is_outage(e: &KafkaError) -> bool {
 
 /// The transactional producer's context: librdkafka's logs go where the other clients' go;
 /// connection errors and undelivered outputs mark an outage (the transaction's own calls report the
-/// failure, so nothing here stops the pipeline).
+/// failure, so nothing here stops the pipeline); an output rejected for its record is noted by
+/// record ([`Rejections`]).
 pub(crate) struct TxnHooks {
     log: Arc<KafkaLog>,
     outage: Arc<AtomicBool>,
+    rejections: Arc<Rejections>,
 }
 
 impl ClientContext for TxnHooks {
@@ -147,14 +205,19 @@ impl ClientContext for TxnHooks {
 }
 
 impl ProducerContext for TxnHooks {
-    type DeliveryOpaque = ();
+    /// The input record the output belongs to.
+    type DeliveryOpaque = Box<Source>;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((e, _)) = result {
+    fn delivery(&self, result: &DeliveryResult<'_>, source: Box<Source>) {
+        if let Err((e, message)) = result {
             if is_outage(e) {
                 self.outage.store(true, Relaxed);
             }
-            self.log.warn("transactional output not delivered; the transaction will abort", &e.to_string());
+            self.rejections.rejected(&source, message.topic(), e);
+            self.log.warn(
+                "transactional output not delivered; the transaction will abort",
+                &format!("{e} (output to {})", message.topic()),
+            );
         }
     }
 }

@@ -120,13 +120,26 @@ pub fn keyed_records(n: usize, keys: usize) -> impl Iterator<Item = (String, Vec
 }
 
 /// The group's committed offset per partition of `topic` (partitions without a commit are absent).
+/// A group coordinator that is still loading or moving (a fresh broker, or one just restarted) is
+/// asked again for up to 30 s.
 pub fn committed_offsets(group: &str, topic: &str, partitions: i32) -> Result<BTreeMap<i32, i64>> {
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode::*};
     let consumer = plain_consumer(Some(group))?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition(topic, p);
     }
-    let committed = consumer.committed_offsets(tpl, Duration::from_secs(10))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let committed = loop {
+        match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
+            Err(KafkaError::MetadataFetch(NotCoordinator | CoordinatorLoadInProgress | CoordinatorNotAvailable))
+                if Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => break other?,
+        }
+    };
     Ok(committed
         .elements()
         .iter()
