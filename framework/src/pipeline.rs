@@ -435,7 +435,7 @@ impl<P: Processor> PollLoop<'_, P> {
                 break;
             }
             if let Some(e) = self.hooks().transactions.as_ref().and_then(|t| t.take_fatal()) {
-                result = Err(Error::Transaction(e));
+                result = Err(e);
                 break;
             }
             if self.hooks().transactions.as_ref().is_some_and(|t| t.needs_reset()) {
@@ -636,7 +636,7 @@ impl<P: Processor> PollLoop<'_, P> {
                 .transactions
                 .as_ref()
                 .and_then(|t| t.take_fatal())
-                .map_or_else(|| Error::Runtime("transactions stopped on a fatal error".into()), Error::Transaction)),
+                .unwrap_or_else(|| Error::Runtime("transactions stopped on a fatal error".into()))),
         }
     }
 
