@@ -244,11 +244,32 @@ pub enum Error {
     /// The dedup store could not be opened.
     #[error(transparent)]
     Dedup(#[from] crate::dedup_store::DedupError),
-    /// Exactly-once mode stopped on a fatal transaction error: this instance was fenced (another
-    /// producer with its transactional id, or its consumer-group generation moved on) or the
-    /// producer failed for good. Nothing was committed after it; restarting is the caller's choice.
+    /// Exactly-once mode stopped on a fatal transaction error (the producer failed for good, e.g.
+    /// the transactional id is not authorized, or a partition could not be rewound). A fence alone
+    /// is not one: the producer is replaced and the uncommitted work redone (see
+    /// [`TransactionalIdConflict`](Self::TransactionalIdConflict) for when it is not). Nothing was
+    /// committed after it; restarting is the caller's choice.
     #[error("exactly-once processing stopped: {0}")]
     Transaction(rdkafka::error::KafkaError),
+    /// Exactly-once mode was fenced again and again with no broker outage: another live instance
+    /// appears to use the same transactional id, and the two would take it from each other forever.
+    /// Give each instance its own
+    /// [`ExactlyOnce::transactional_id`](crate::ExactlyOnce::transactional_id) (the default,
+    /// `<group_id>.<hostname>`, is shared by instances on one host). Nothing was committed after it.
+    #[error(
+        "exactly-once processing stopped: fenced {fences} times within {}s without a broker outage; another \
+         instance appears to use transactional id {transactional_id:?}: give each instance a distinct \
+         `transactional_id`",
+        within.as_secs()
+    )]
+    TransactionalIdConflict {
+        /// The contested transactional id.
+        transactional_id: String,
+        /// Fences counted within `within`.
+        fences: usize,
+        /// The window they were counted in.
+        within: std::time::Duration,
+    },
     /// The runtime's own threads failed.
     #[error("runtime failure: {0}")]
     Runtime(String),

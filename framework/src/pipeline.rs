@@ -441,7 +441,7 @@ impl<P: Processor> PollLoop<'_, P> {
                 break;
             }
             if let Some(e) = self.hooks().transactions.as_ref().and_then(|t| t.take_fatal()) {
-                result = Err(Error::Transaction(e));
+                result = Err(e);
                 break;
             }
             if let Some(e) = self.shared.rejections.as_ref().and_then(|r| r.take_fatal()) {
@@ -669,7 +669,7 @@ impl<P: Processor> PollLoop<'_, P> {
                 .transactions
                 .as_ref()
                 .and_then(|t| t.take_fatal())
-                .map_or_else(|| Error::Runtime("transactions stopped on a fatal error".into()), Error::Transaction)),
+                .unwrap_or_else(|| Error::Runtime("transactions stopped on a fatal error".into()))),
         }
     }
 

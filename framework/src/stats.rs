@@ -34,6 +34,7 @@ pub struct Stats {
     pub(crate) transactions_injected_aborts: AtomicU64,
     pub(crate) rewinds: AtomicU64,
     pub(crate) producer_resets: AtomicU64,
+    pub(crate) fenced_recoveries: AtomicU64,
     pub(crate) committed_outputs: AtomicU64,
 }
 
@@ -99,9 +100,14 @@ pub struct StatsSnapshot {
     pub transactions_injected_aborts: u64,
     /// Exactly-once: partitions rewound to their last committed offset after an abort.
     pub rewinds: u64,
-    /// Exactly-once: times the transactional producer was replaced after a broker outage left it
-    /// unusable (every owned partition was then rewound to its committed offset).
+    /// Exactly-once: times the transactional producer was replaced because a broker outage, a fence
+    /// or an unconfirmable abort left it unusable (every owned partition was then rewound to its
+    /// committed offset).
     pub producer_resets: u64,
+    /// Exactly-once: fences without a broker outage answered by replacing the producer (the
+    /// coordinator aborted a transaction left open past `transaction_timeout`, e.g. by a paused
+    /// process, or another producer initialised the transactional id).
+    pub fenced_recoveries: u64,
     /// Exactly-once: output records (emitted and dead-lettered) in committed transactions.
     pub committed_outputs: u64,
 }
@@ -139,6 +145,7 @@ impl Stats {
             transactions_injected_aborts: self.transactions_injected_aborts.load(Relaxed),
             rewinds: self.rewinds.load(Relaxed),
             producer_resets: self.producer_resets.load(Relaxed),
+            fenced_recoveries: self.fenced_recoveries.load(Relaxed),
             committed_outputs: self.committed_outputs.load(Relaxed),
         }
     }

@@ -26,23 +26,25 @@
 //! - an abortable one (or the test-only injected abort) aborts the transaction; once
 //!   `abort_transaction` succeeded nothing of it is visible, and the caller rewinds the partitions
 //!   it carried to their last committed offsets ([`TxnOutcome::Aborted`]);
-//! - when the outcome is uncertain (the abort itself failed or timed out, or the producer turned
-//!   fatal after a broker outage: see [`crate::txn_producer`]) the producer is replaced and every
-//!   owned partition is rewound to the offsets the group coordinator holds, read with
-//!   `require_stable` once the new producer's `init_transactions` settled the old transaction
+//! - when the outcome is uncertain (the abort itself failed or timed out, the producer was fenced,
+//!   or it turned fatal after a broker outage: see [`crate::txn_producer`]) the producer is
+//!   replaced and every owned partition is rewound to the offsets the group coordinator holds, read
+//!   with `require_stable` once the new producer's `init_transactions` settled the old transaction
 //!   ([`TxnOutcome::Reset`]);
-//! - a fatal error with no outage since the last commit (another instance holds the transactional
-//!   id) stops the instance without committing anything further ([`TxnOutcome::Fatal`]).
+//! - any other fatal error, or fences so frequent that another live instance must be using the
+//!   transactional id, stops the instance without committing anything further
+//!   ([`TxnOutcome::Fatal`]).
 //!
 //! Dedup keys reach the local store only after their transaction committed.
 
 use crate::config::ExactlyOnce;
 use crate::dedup_changelog::Dedup;
+use crate::error::Error;
 use crate::partition::PartitionHandle;
 use crate::rebalance::Hooks;
 use crate::rejected::{Produced, Source};
 use crate::stats::Stats;
-use crate::txn_producer::{TxnClient, TxnProducer, is_outage};
+use crate::txn_producer::{FENCE_WINDOW, FENCES_TOLERATED, TxnClient, TxnProducer, is_outage};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer as _;
@@ -75,8 +77,8 @@ pub(crate) struct Transactions {
     dedup: Option<Arc<Dedup>>,
     settings: ExactlyOnce,
     name: String,
-    /// The fatal error that stopped transactions, for the poll loop to report.
-    fatal: Mutex<Option<KafkaError>>,
+    /// The error that stopped transactions, for the poll loop to report.
+    fatal: Mutex<Option<Error>>,
     /// Why the producer must be replaced before the next transaction, once it must.
     reset_cause: Mutex<Option<KafkaError>>,
     /// The transaction being filled (poll thread only; a mutex for the rebalance callbacks' sake).
@@ -155,8 +157,8 @@ impl Transactions {
         self.client.init(stop)
     }
 
-    /// The fatal error that stopped this instance's transactions, if any.
-    pub(crate) fn take_fatal(&self) -> Option<KafkaError> {
+    /// The error that stopped this instance's transactions, if any.
+    pub(crate) fn take_fatal(&self) -> Option<Error> {
         lock(&self.fatal).take()
     }
 
@@ -171,7 +173,8 @@ impl Transactions {
     /// when `stop` came first.
     pub(crate) fn reset(&self, stop: &CancellationToken) -> Result<bool, KafkaError> {
         let cause = lock(&self.reset_cause).take();
-        tracing::warn!(pipeline = %self.name, cause = ?cause.as_ref().map(ToString::to_string),
+        // The reason was logged at warn where the reset was decided.
+        tracing::info!(pipeline = %self.name, cause = ?cause.as_ref().map(ToString::to_string),
             "replacing the transactional producer; uncommitted work will be redone");
         *self.open() = OpenTxn::default();
         lock(&self.rewind_later).clear(); // every partition is rewound
@@ -187,17 +190,42 @@ impl Transactions {
         }
     }
 
-    /// A call failed in a way no retry or abort mends: after a broker outage the producer is
-    /// replaced ([`TxnOutcome::Reset`]); without one, another instance fenced this one and it
-    /// stops ([`TxnOutcome::Fatal`]).
+    /// A call failed in a way no retry or abort mends. After a broker outage, or on a fence, the
+    /// producer is replaced ([`TxnOutcome::Reset`]); any other fatal error, or a fence that is one
+    /// too many within [`FENCE_WINDOW`] (another live instance takes the transactional id back and
+    /// forth), stops this instance ([`TxnOutcome::Fatal`]).
     fn unusable(&self, e: KafkaError) -> TxnOutcome {
         if self.client.saw_outage() {
             tracing::warn!(pipeline = %self.name, error = %e, "transactional producer unusable after a broker outage");
             lock(&self.reset_cause).get_or_insert(e);
             return TxnOutcome::Reset;
         }
+        let transactional_id = self.client.transactional_id();
+        if self.client.is_fenced(&e) {
+            if self.needs_reset() {
+                return TxnOutcome::Reset; // the same fence, seen by another call before the reset
+            }
+            let fences = self.client.note_fence();
+            if fences <= FENCES_TOLERATED {
+                tracing::warn!(pipeline = %self.name, transactional_id, fences_in_window = fences, error = %e,
+                    "fenced: the transaction coordinator aborted this instance's open transaction (it stayed open past \
+                     transaction_timeout, e.g. the process was paused) or another producer initialised this transactional \
+                     id; replacing the producer and redoing uncommitted work");
+                Stats::bump(&self.stats.fenced_recoveries);
+                lock(&self.reset_cause).get_or_insert(e);
+                return TxnOutcome::Reset;
+            }
+            let conflict = Error::TransactionalIdConflict {
+                transactional_id: transactional_id.to_owned(),
+                fences,
+                within: FENCE_WINDOW,
+            };
+            tracing::error!(pipeline = %self.name, error = %e, "{conflict}");
+            lock(&self.fatal).get_or_insert(conflict);
+            return TxnOutcome::Fatal;
+        }
         tracing::error!(pipeline = %self.name, error = %e, "fatal transaction error: this instance stops committing");
-        lock(&self.fatal).get_or_insert(e);
+        lock(&self.fatal).get_or_insert(Error::Transaction(e));
         TxnOutcome::Fatal
     }
 

@@ -1,15 +1,22 @@
 //! Exactly-once mode's transactional producer and its lifecycle: created from the pipeline's
 //! settings, initialised (`init_transactions`, retried while the brokers are unreachable), and
-//! replaced by a fresh one when a broker outage left it unusable.
+//! replaced by a fresh one when it was fenced or a broker outage left it unusable.
 //!
-//! Why replacing is needed: when the brokers are away longer than `transaction_timeout` while a
-//! transaction is open, its messages time out in the client and the restarted coordinator aborts
-//! the transaction and bumps the producer epoch; librdkafka then reports the producer as *fenced*,
-//! a fatal state no call recovers from. Nobody else holds the transactional id, so the pipeline
-//! creates a new producer with the same id, whose `init_transactions` settles whatever the old one
-//! left (the coordinator completes or aborts it first), and redoes its uncommitted work. A fence
-//! with no outage since the last commit is real (another instance took the transactional id) and
-//! stops the pipeline instead; the distinction is [`TxnClient::saw_outage`].
+//! Why replacing is needed: when a transaction stays open longer than `transaction_timeout` (the
+//! brokers were away, or this process was paused, e.g. SIGSTOPped or stuck in a long GC), its
+//! coordinator aborts it and bumps the producer epoch; librdkafka then reports the producer as
+//! *fenced*, a fatal state no call recovers from. The pipeline creates a new producer with the same
+//! transactional id, whose `init_transactions` settles whatever the old one left (the coordinator
+//! completes or aborts it first), and redoes its uncommitted work. Real zombies (partitions that
+//! moved to another member meanwhile) are refused by the group coordinator: every transaction
+//! carries the consumer's group generation (KIP-447). So a fence is recovered from whatever its
+//! cause, as Kafka Streams does since EOS-v2.
+//!
+//! The exception is two live instances sharing one transactional id (a misconfiguration): each
+//! `init_transactions` fences the other, forever. A fence with no outage since the last commit is
+//! counted ([`TxnClient::note_fence`]); more than [`FENCES_TOLERATED`] of them within
+//! [`FENCE_WINDOW`] stop the pipeline with
+//! [`Error::TransactionalIdConflict`](crate::Error::TransactionalIdConflict).
 
 use crate::kafka_log::{KafkaLog, is_fatal};
 use crate::record::OutputRecord;
@@ -20,10 +27,17 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message as _;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+
+/// Fences without a broker outage recovered from within [`FENCE_WINDOW`]; one more stops the
+/// pipeline (another live instance appears to use the same transactional id).
+pub(crate) const FENCES_TOLERATED: usize = 3;
+/// The window in which fences are counted against [`FENCES_TOLERATED`].
+pub(crate) const FENCE_WINDOW: Duration = Duration::from_secs(5 * 60);
 
 /// Exactly-once mode's producer: no per-record delivery futures (the commit is the acknowledgement).
 pub(crate) type TxnProducer = ThreadedProducer<TxnHooks>;
@@ -40,6 +54,8 @@ pub(crate) struct TxnClient {
     call_timeout: Duration,
     /// Outputs rejected for their record, noted by the delivery callback.
     rejections: Arc<Rejections>,
+    /// When the recent fences without an outage happened.
+    fences: Mutex<FenceHistory>,
 }
 
 impl TxnClient {
@@ -52,7 +68,15 @@ impl TxnClient {
     ) -> Result<Self, KafkaError> {
         let outage = Arc::new(AtomicBool::new(false));
         let producer = create(&config, &log, &outage, &rejections)?;
-        Ok(Self { config, log, outage, producer: Mutex::new(Arc::new(producer)), call_timeout, rejections })
+        Ok(Self {
+            config,
+            log,
+            outage,
+            producer: Mutex::new(Arc::new(producer)),
+            call_timeout,
+            rejections,
+            fences: Mutex::default(),
+        })
     }
 
     /// Outputs rejected for their record.
@@ -148,6 +172,44 @@ impl TxnClient {
             }
         }
     }
+
+    /// This producer's `transactional.id`.
+    pub(crate) fn transactional_id(&self) -> &str {
+        self.config.get("transactional.id").unwrap_or_default()
+    }
+
+    /// Whether `e` (or the current producer's fatal state) says the producer was fenced: its epoch
+    /// was bumped by the coordinator (a transaction timed out) or by another `init_transactions`.
+    pub(crate) fn is_fenced(&self, e: &KafkaError) -> bool {
+        is_fence(e.rdkafka_error_code())
+            || self.get().client().fatal_error().is_some_and(|(code, _)| is_fence(Some(code)))
+    }
+
+    /// Counts a fence without an outage; returns how many there were within [`FENCE_WINDOW`],
+    /// this one included.
+    pub(crate) fn note_fence(&self) -> usize {
+        self.fences.lock().unwrap_or_else(|p| p.into_inner()).record(Instant::now())
+    }
+}
+
+fn is_fence(code: Option<RDKafkaErrorCode>) -> bool {
+    use RDKafkaErrorCode::*;
+    matches!(code, Some(Fenced | ProducerFenced | InvalidProducerEpoch))
+}
+
+/// The times of recent fences, oldest first, none older than [`FENCE_WINDOW`] before the newest.
+#[derive(Debug, Default)]
+struct FenceHistory(VecDeque<Instant>);
+
+impl FenceHistory {
+    /// Adds a fence at `now`; returns the fences within [`FENCE_WINDOW`] up to `now`.
+    fn record(&mut self, now: Instant) -> usize {
+        while self.0.front().is_some_and(|&t| now.duration_since(t) >= FENCE_WINDOW) {
+            self.0.pop_front();
+        }
+        self.0.push_back(now);
+        self.0.len()
+    }
 }
 
 fn create(
@@ -194,7 +256,10 @@ impl ClientContext for TxnHooks {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        if is_fatal(&error) || error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fenced) {
+        if is_fence(error.rdkafka_error_code()) {
+            // Usually recovered from: the pipeline decides (and logs) when a transaction call fails.
+            tracing::info!(pipeline = %self.log.name, %error, reason, "transactional producer fenced");
+        } else if is_fatal(&error) {
             // The failing transaction call reports it; the pipeline decides there.
             tracing::error!(pipeline = %self.log.name, %error, reason, "transactional producer failed");
         } else {
@@ -219,5 +284,31 @@ impl ProducerContext for TxnHooks {
                 &format!("{e} (output to {})", message.topic()),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fences_are_counted_within_the_window_only() {
+        let mut h = FenceHistory::default();
+        let t0 = Instant::now();
+        assert_eq!(h.record(t0), 1);
+        assert_eq!(h.record(t0 + Duration::from_secs(60)), 2);
+        assert_eq!(h.record(t0 + FENCE_WINDOW - Duration::from_secs(1)), 3);
+        // The first has left the window; the other two have not.
+        assert_eq!(h.record(t0 + FENCE_WINDOW), 3);
+        assert_eq!(h.record(t0 + FENCE_WINDOW * 3), 1, "an old burst does not count against a new fence");
+    }
+
+    #[test]
+    fn fence_codes() {
+        assert!(is_fence(Some(RDKafkaErrorCode::Fenced)));
+        assert!(is_fence(Some(RDKafkaErrorCode::ProducerFenced)));
+        assert!(is_fence(Some(RDKafkaErrorCode::InvalidProducerEpoch)));
+        assert!(!is_fence(Some(RDKafkaErrorCode::TransactionalIdAuthorizationFailed)));
+        assert!(!is_fence(None));
     }
 }

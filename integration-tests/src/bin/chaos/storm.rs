@@ -1,13 +1,16 @@
 //! Scenario 3: a rebalance storm. Three instances of one group are started and stopped (SIGTERM
 //! or SIGKILL, chosen at random) at random intervals of 0–500 ms; one of them is SIGSTOPped past
 //! its session timeout and `max.poll.interval.ms` and then resumed: a zombie whose partitions moved,
-//! which must be fenced. Exactly-once: no loss and no duplicate for `read_committed` readers.
-//! At-least-once: no loss (duplicates are expected and only reported).
+//! which must be fenced. Exactly-once: the zombie also stays stopped past its transaction timeout
+//! (plus the coordinator's abort check interval), so a transaction it had open is rolled back by the
+//! coordinator and its producer fenced; resumed, it must carry on (not exit by itself). No loss and
+//! no duplicate for `read_committed` readers. At-least-once: no loss (duplicates are expected and
+//! only reported).
 
 use crate::Env;
 use crate::check::{self, ConcurrentReader};
 use crate::copier::{CopyTopics, copy_topics};
-use crate::fleet::{Slot, WorkerSpec};
+use crate::fleet::{Ending, Slot, WorkerSpec};
 use crate::outcome::Outcome;
 use anyhow::Result;
 use millrace_integration_tests::signal;
@@ -19,6 +22,13 @@ const OUTPUT_PARTITIONS: i32 = 3;
 const SLOTS: usize = 3;
 /// How long the zombie stays stopped: past `session.timeout.ms` (6 s) and `max.poll.interval.ms` (7 s).
 const FROZEN: Duration = Duration::from_secs(10);
+/// Exactly-once workers' `transaction.timeout.ms`: above the revoke drain (3 s), so that only the
+/// zombie's pause outlasts it.
+const TRANSACTION_TIMEOUT_MS: u64 = 6_000;
+/// Exactly-once: how long the zombie stays stopped: past the transaction timeout plus the broker's
+/// `transaction.abort.timed.out.transaction.cleanup.interval.ms` (10 s by default), so that the
+/// coordinator has rolled back the transaction it had open and fenced its producer.
+const FROZEN_EOS: Duration = Duration::from_millis(TRANSACTION_TIMEOUT_MS + 10_000 + 2_000);
 
 /// Runs the storm in exactly-once (`eos`) or at-least-once mode.
 pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
@@ -41,6 +51,7 @@ pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
                 // One transactional id per slot, stable across the slot's restarts.
                 spec.args(["--exactly-once", "--transactional-id", &format!("{group}-slot{i}")])
                     .args(["--commit-interval-ms", "100"])
+                    .args(["--transaction-timeout-ms".to_owned(), TRANSACTION_TIMEOUT_MS.to_string()])
             } else {
                 spec.args(["--commit-interval-ms", "500"])
             };
@@ -60,6 +71,9 @@ pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
     let zombie_at = started + env.profile.storm_duration / 3;
     let mut stopping: [Option<Instant>; SLOTS] = [None; SLOTS];
     let mut frozen: Option<(usize, Instant)> = None;
+    let frozen_for = if eos { FROZEN_EOS } else { FROZEN };
+    // The zombie's slot and incarnation.
+    let mut zombie: Option<(usize, usize)> = None;
     let mut zombie_done = false;
     let mut zombie_note = String::from("no zombie made");
     let mut changes = 0;
@@ -92,7 +106,7 @@ pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
         }
         // The zombie: stop one running instance past its session timeout, then resume it.
         if let Some((i, since)) = frozen {
-            if since.elapsed() >= FROZEN {
+            if since.elapsed() >= frozen_for {
                 if let Some(inc) = slots[i].running() {
                     signal(&inc.child, libc::SIGCONT)?;
                 }
@@ -118,6 +132,7 @@ pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
                 let inc = slots[i].running().expect("running");
                 signal(&inc.child, libc::SIGSTOP)?;
                 frozen = Some((i, Instant::now()));
+                zombie = Some((i, slots[i].incarnations.len() - 1));
                 zombie_done = true;
                 continue;
             }
@@ -203,6 +218,22 @@ pub async fn run(mut env: Env, eos: bool) -> Result<Outcome> {
     }
     outcome.check(changes >= min_changes, format!("only {changes} membership changes, fewer than {min_changes}"));
     outcome.check(clean == SLOTS, format!("only {clean} of {SLOTS} instances drained and exited 0 at the end"));
+    if let Some((i, n)) = zombie {
+        // Stopped by the harness (SIGKILL, or SIGTERM and exit 0) or still running at the end: fine.
+        // Exiting by itself after SIGCONT is not.
+        let inc = &slots[i].incarnations[n];
+        let code = match inc.ended {
+            Some(Ending::Exited(Some(code))) => code,
+            _ => 0,
+        };
+        outcome.check(code == 0, format!("the zombie (slot{i}) exited with status {code} after SIGCONT"));
+        if eos {
+            outcome.note(format!(
+                "the zombie replaced its transactional producer {} time(s) after SIGCONT",
+                inc.stats().get("producer_resets").copied().unwrap_or(0)
+            ));
+        }
+    }
     let restarts: usize = slots.iter().map(|s| s.unexpected_exits.len()).sum();
     outcome.note(format!(
         "storm {:.0}s: {changes} membership changes ({kills} SIGKILLs, the rest SIGTERMs and starts) over {} incarnations; {zombie_note}; members saw {} assignments and {} revocations ({} commit failures, {} queued records dropped on revoke); {unexpected_exits} exits the harness did not cause during the storm, {restarts} after",
