@@ -14,6 +14,10 @@
 //! - `pending`, `transaction` and `txn_producer` (internal): exactly-once mode; completed records'
 //!   outputs wait by offset and commit with the input offsets in one Kafka transaction per commit
 //!   interval; the transactional producer is replaced when a broker outage leaves it unusable.
+//! - `cluster` (internal): start-up waits for the brokers (bounded by `startup_timeout`) and checks
+//!   that the input topics exist; a topic that goes missing later is reported.
+//! - `watchdog` (internal): reads librdkafka's statistics on the poll thread and reports a partition
+//!   that cannot make progress (`stall_timeout`) or a cluster that cannot be reached.
 //! - [`config`], [`error`], [`record`], [`stats`], [`shutdown`]: the supporting pieces.
 //! - [`typed`] and [`codec`]: typed processors decode the value before the processor sees it;
 //!   [`avro`] with a [`schema_registry`] is the codec for Avro in the Confluent wire format.
@@ -46,6 +50,7 @@
 mod attempt;
 pub mod avro;
 mod breaker;
+mod cluster;
 pub mod codec;
 pub mod config;
 pub mod context;
@@ -75,6 +80,7 @@ pub mod stats;
 mod transaction;
 mod txn_producer;
 pub mod typed;
+mod watchdog;
 
 pub use config::{Bounds, CircuitBreakerConfig, Delivery, DlqConfig, ExactlyOnce, Ordering, PipelineConfig};
 pub use context::Context;

@@ -35,6 +35,9 @@ pub struct Stats {
     pub(crate) rewinds: AtomicU64,
     pub(crate) producer_resets: AtomicU64,
     pub(crate) committed_outputs: AtomicU64,
+    pub(crate) stalled_partitions: AtomicU64,
+    pub(crate) cluster_unreachable: AtomicU64,
+    pub(crate) missing_topics: AtomicU64,
 }
 
 /// A point-in-time copy of [`Stats`].
@@ -104,6 +107,16 @@ pub struct StatsSnapshot {
     pub producer_resets: u64,
     /// Exactly-once: output records (emitted and dead-lettered) in committed transactions.
     pub committed_outputs: u64,
+    /// Owned partitions that have not moved for `stall_timeout` although records lie ahead of them
+    /// (see [`PipelineConfig::stall_timeout`](crate::PipelineConfig::stall_timeout)); each was
+    /// logged once at error level.
+    pub stalled_partitions: u64,
+    /// Whether no broker can be reached now (from start-up until the first broker answers, and
+    /// later while every broker connection is down).
+    pub cluster_unreachable: bool,
+    /// Input topics that do not exist now (see
+    /// [`PipelineConfig::fail_on_missing_topic`](crate::PipelineConfig::fail_on_missing_topic)).
+    pub missing_topics: u64,
 }
 
 impl Stats {
@@ -140,6 +153,9 @@ impl Stats {
             rewinds: self.rewinds.load(Relaxed),
             producer_resets: self.producer_resets.load(Relaxed),
             committed_outputs: self.committed_outputs.load(Relaxed),
+            stalled_partitions: self.stalled_partitions.load(Relaxed),
+            cluster_unreachable: self.cluster_unreachable.load(Relaxed) != 0,
+            missing_topics: self.missing_topics.load(Relaxed),
         }
     }
 
