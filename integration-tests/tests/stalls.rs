@@ -88,9 +88,12 @@ async fn zstd_compressed_input_is_processed_and_committed_to_the_end() -> Result
         Ok((committed_offsets(&group, &topic, 2)? == ends).then_some(()))
     })
     .await?;
+    let s = stats.snapshot();
     stop.cancel();
     run.await??;
-    assert_eq!(stats.snapshot().stalled_partitions, 0);
+    assert_eq!(s.stalled_partitions, 0, "a healthy pipeline reports no stall");
+    assert!(!s.cluster_unreachable, "nor an unreachable cluster");
+    assert_eq!(s.missing_topics, 0, "nor a missing topic");
     Ok(())
 }
 
