@@ -223,6 +223,22 @@ pub struct PipelineConfig {
     pub consumer: BTreeMap<String, String>,
     /// Producer-only properties.
     pub producer: BTreeMap<String, String>,
+    /// How long an owned partition may make no progress, with records ahead of it and none of them
+    /// held by Millrace, before it is reported as stalled: logged once at error level (topic,
+    /// partition, position, end) and counted in
+    /// [`StatsSnapshot::stalled_partitions`](crate::StatsSnapshot::stalled_partitions). Also how long
+    /// the cluster may be unreachable before that is logged at error level. Default 60 s, at least
+    /// 1 s. See [`stall_timeout`](Self::stall_timeout) for what counts as a stall.
+    pub stall_timeout: Duration,
+    /// How long `run()` tries to reach the cluster at start-up before failing with
+    /// [`Error::Unreachable`](crate::Error::Unreachable). `None` (default): retry until it answers or
+    /// the pipeline is stopped, as Kafka clients do.
+    pub startup_timeout: Option<Duration>,
+    /// Fail `run()` with [`Error::MissingTopic`](crate::Error::MissingTopic) when an input topic does
+    /// not exist, at start-up or later. Default `false`: the missing topic is logged at error level
+    /// and counted in [`StatsSnapshot::missing_topics`](crate::StatsSnapshot::missing_topics), and
+    /// the pipeline keeps consuming its other topics and picks the topic up when it is (re)created.
+    pub fail_on_missing_topic: bool,
 }
 
 const OWNED_PROPERTIES: [&str; 4] = ["enable.auto.commit", "enable.auto.offset.store", "group.id", "bootstrap.servers"];
@@ -253,6 +269,9 @@ impl PipelineConfig {
             kafka: BTreeMap::new(),
             consumer: BTreeMap::new(),
             producer: BTreeMap::new(),
+            stall_timeout: Duration::from_secs(60),
+            startup_timeout: None,
+            fail_on_missing_topic: false,
         }
     }
 
@@ -347,6 +366,74 @@ impl PipelineConfig {
     /// The DLQ topic for records from `source`.
     pub fn dlq_topic(&self, source: &str) -> String {
         crate::dlq::topic_for(&self.dlq.topic, source)
+    }
+
+    /// Sets how long a partition (or the cluster) may make no progress before it is reported.
+    ///
+    /// A partition is *stalled* when Millrace owns it, has not paused it and holds none of its
+    /// records, and its fetch position has not moved for this long although either readable records
+    /// lie ahead of it (the fetch keeps failing, e.g. on a compression codec the client cannot
+    /// decode) or, in exactly-once mode (`read_committed`), a transaction left open holds the last
+    /// stable offset below the high watermark (a hanging transaction). Each stall is logged once at
+    /// error level naming topic, partition, position and end, counted in
+    /// [`StatsSnapshot::stalled_partitions`](crate::StatsSnapshot::stalled_partitions), and cleared
+    /// when the partition moves. The watchdog reads librdkafka's statistics, which Millrace asks for
+    /// four times per timeout (`statistics.interval.ms`, at most every 5 s) unless that property is
+    /// set (0 turns the watchdog off). Stalls are reported, never acted on: `run()` goes on.
+    ///
+    /// ```
+    /// use millrace::PipelineConfig;
+    /// use std::time::Duration;
+    ///
+    /// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"]).stall_timeout(Duration::from_secs(30));
+    /// assert!(config.validate().is_ok());
+    /// let bad = config.stall_timeout(Duration::from_millis(10));
+    /// assert_eq!(bad.validate().unwrap_err().field, "stall_timeout");
+    /// ```
+    pub fn stall_timeout(mut self, timeout: Duration) -> Self {
+        self.stall_timeout = timeout;
+        self
+    }
+
+    /// Fails `run()` with [`Error::Unreachable`](crate::Error::Unreachable) (naming the bootstrap
+    /// list) when no broker answered within `timeout` of the start. Without it the pipeline retries
+    /// for as long as it runs (logging one error after [`stall_timeout`](Self::stall_timeout)), and
+    /// if it is stopped before any broker answered, `run()` returns that same error rather than
+    /// `Ok`. Only start-up is bounded: an outage after the cluster was reached is ridden out.
+    ///
+    /// ```
+    /// use millrace::PipelineConfig;
+    /// use std::time::Duration;
+    ///
+    /// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"]).startup_timeout(Duration::from_secs(30));
+    /// assert_eq!(config.startup_timeout, Some(Duration::from_secs(30)));
+    /// ```
+    pub fn startup_timeout(mut self, timeout: Duration) -> Self {
+        self.startup_timeout = Some(timeout);
+        self
+    }
+
+    /// Whether a missing input topic fails `run()` with
+    /// [`Error::MissingTopic`](crate::Error::MissingTopic): at start-up (checked once the cluster
+    /// answers) or when it disappears while running (deleted; librdkafka then revokes its
+    /// partitions).
+    ///
+    /// Off by default, because a Kafka consumer normally waits for its topics (deployments often
+    /// create them beside the application, and a re-created topic is picked up again): the missing
+    /// topic is logged once at error level, counted in
+    /// [`StatsSnapshot::missing_topics`](crate::StatsSnapshot::missing_topics) (cleared when it exists
+    /// again), and the other topics keep flowing. Turn it on when a missing topic means a broken
+    /// deployment that should stop the service.
+    ///
+    /// ```
+    /// use millrace::PipelineConfig;
+    ///
+    /// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"]).fail_on_missing_topic(true);
+    /// assert!(config.fail_on_missing_topic);
+    /// ```
+    pub fn fail_on_missing_topic(mut self, fail: bool) -> Self {
+        self.fail_on_missing_topic = fail;
+        self
     }
 
     /// Adds a Kafka property for both clients.
@@ -482,6 +569,12 @@ impl PipelineConfig {
                 }
             }
         }
+        if self.stall_timeout < Duration::from_secs(1) {
+            return Err(ConfigError::new("stall_timeout", format!("{:?} must be at least 1 s", self.stall_timeout)));
+        }
+        if self.startup_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(ConfigError::new("startup_timeout", "must be above zero when set"));
+        }
         let max_poll = self.consumer_ms("max.poll.interval.ms", 300_000)?;
         if self.drain_timeout.as_millis() as u64 >= max_poll {
             return Err(ConfigError::new(
@@ -559,6 +652,8 @@ mod tests {
                 "delivery.transaction_timeout",
             ),
             (ok().exactly_once(ExactlyOnce::default().transactional_id(" ")), "delivery.transactional_id"),
+            (ok().stall_timeout(Duration::from_millis(999)), "stall_timeout"),
+            (ok().startup_timeout(Duration::ZERO), "startup_timeout"),
             (ok().exactly_once(ExactlyOnce::default()).producer_property("transactional.id", "x"), "transactional.id"),
         ];
         for (config, field) in cases {

@@ -273,4 +273,21 @@ pub enum Error {
     /// The runtime's own threads failed.
     #[error("runtime failure: {0}")]
     Runtime(String),
+    /// No broker of `bootstrap` answered within
+    /// [`startup_timeout`](crate::PipelineConfig::startup_timeout), or the pipeline was stopped
+    /// before any did. Nothing was consumed.
+    #[error("no broker of {bootstrap} could be reached in {waited:?}")]
+    Unreachable {
+        /// The bootstrap list tried.
+        bootstrap: String,
+        /// How long the pipeline tried.
+        waited: std::time::Duration,
+    },
+    /// An input topic does not exist (never created, or deleted while the pipeline ran) and
+    /// [`fail_on_missing_topic`](crate::PipelineConfig::fail_on_missing_topic) is set.
+    #[error("input topic {topic} does not exist")]
+    MissingTopic {
+        /// The topic.
+        topic: String,
+    },
 }

@@ -18,6 +18,10 @@
 //!   topic, too large, not authorised) runs again with its outputs alone, then goes to the DLQ in
 //!   the transaction that commits its offset, instead of aborting every transaction forever;
 //!   `output_topics` (internal) keeps outputs to a missing topic out of transactions altogether.
+//! - `cluster` (internal): start-up waits for the brokers (bounded by `startup_timeout`) and checks
+//!   that the input topics exist; a topic that goes missing later is reported.
+//! - `watchdog` (internal): reads librdkafka's statistics on the poll thread and reports a partition
+//!   that cannot make progress (`stall_timeout`) or a cluster that cannot be reached.
 //! - [`config`], [`error`], [`record`], [`stats`], [`shutdown`]: the supporting pieces.
 //! - [`typed`] and [`codec`]: typed processors decode the value before the processor sees it;
 //!   [`avro`] with a [`schema_registry`] is the codec for Avro in the Confluent wire format.
@@ -50,6 +54,7 @@
 mod attempt;
 pub mod avro;
 mod breaker;
+mod cluster;
 pub mod codec;
 pub mod config;
 pub mod context;
@@ -81,6 +86,7 @@ pub mod stats;
 mod transaction;
 mod txn_producer;
 pub mod typed;
+mod watchdog;
 
 pub use config::{Bounds, CircuitBreakerConfig, Delivery, DlqConfig, ExactlyOnce, Ordering, PipelineConfig};
 pub use context::Context;

@@ -15,6 +15,7 @@
 //! half.
 
 use crate::breaker::Breaker;
+use crate::cluster::{self, TopicWatch};
 use crate::config::PipelineConfig;
 use crate::context::RuntimeHandles;
 use crate::dedup_changelog::Dedup;
@@ -28,6 +29,7 @@ use crate::rejected::Rejections;
 use crate::stats::Stats;
 use crate::transaction::{Transactions, TxnOutcome};
 use crate::txn_producer::TxnClient;
+use crate::watchdog::{Watchdog, statistics_interval};
 use rdkafka::ClientConfig;
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
@@ -174,6 +176,12 @@ impl<P: Processor> Pipeline<P> {
             recommit: AtomicBool::new(false),
             version: AtomicU64::new(0),
             log: log.clone(),
+            watchdog: Watchdog::new(
+                config.name.clone(),
+                config.bootstrap_servers.clone(),
+                config.stall_timeout,
+                config.exactly_once_settings().is_some(),
+            ),
         };
         let consumer: BaseConsumer<Hooks> =
             consumer_config(&config).create_with_context(hooks).map_err(client_creation("consumer"))?;
@@ -237,12 +245,14 @@ impl<P: Processor> Pipeline<P> {
         std::thread::Builder::new()
             .name("millrace-poll".into())
             .spawn(move || {
-                let result = match &consumer.context().transactions {
+                let mut topics = TopicWatch::new(&shared.config);
+                let result = cluster::reach(&consumer, &shared.config, &stop, &shared.stats, &mut topics);
+                let result = result.and_then(|()| match &consumer.context().transactions {
                     // Fences earlier incarnations of this transactional id before consuming.
                     Some(txn) => txn.init(&stop).map_err(Error::Transaction),
                     None => Ok(()),
-                };
-                let result = result.and_then(|()| PollLoop { shared, consumer: &consumer, stop }.run());
+                });
+                let result = result.and_then(|()| PollLoop { shared, consumer: &consumer, stop, topics }.run());
                 drop(consumer); // leaves the group (runs the final revoke) before reporting
                 let _ = tx.send(result);
             })
@@ -280,7 +290,9 @@ fn consumer_config(config: &PipelineConfig) -> ClientConfig {
         .set("enable.partition.eof", "false")
         // librdkafka's default (1 s) idles a partition for a second whenever its prefetch queue was
         // full, which a busy pipeline hits constantly.
-        .set("fetch.queue.backoff.ms", "20");
+        .set("fetch.queue.backoff.ms", "20")
+        // Feeds the stall watchdog (`watchdog`).
+        .set("statistics.interval.ms", statistics_interval(config.stall_timeout).as_millis().to_string());
     for (k, v) in config.kafka.iter().chain(&config.consumer) {
         c.set(k, v);
     }
@@ -361,6 +373,8 @@ struct PollLoop<'c, P> {
     shared: Arc<Shared<P>>,
     consumer: &'c BaseConsumer<Hooks>,
     stop: CancellationToken,
+    /// Input topics that went missing.
+    topics: TopicWatch,
 }
 
 /// Records polled but not yet handed to their partition tasks.
@@ -377,7 +391,7 @@ impl<P: Processor> PollLoop<'_, P> {
         self.consumer.context()
     }
 
-    fn run(self) -> Result<RunSummary, Error> {
+    fn run(mut self) -> Result<RunSummary, Error> {
         let topics: Vec<&str> = self.shared.config.topics.iter().map(String::as_str).collect();
         self.consumer.subscribe(&topics)?;
         tracing::info!(pipeline = %self.shared.config.name, ?topics, "subscribed");
@@ -434,10 +448,17 @@ impl<P: Processor> PollLoop<'_, P> {
                     result = Err(Error::Kafka(e));
                     break;
                 }
-                Some(Err(e)) => self.hooks().log.warn("consumer error", &e.to_string()),
+                Some(Err(e)) => {
+                    self.topics.consumer_error(&e);
+                    self.hooks().log.warn("consumer error", &e.to_string());
+                }
             }
             if let Some(e) = self.hooks().log.take_fatal() {
                 result = Err(Error::Kafka(e));
+                break;
+            }
+            if let Err(e) = self.topics.check(self.consumer, &self.shared.stats) {
+                result = Err(e);
                 break;
             }
             if let Some(e) = self.hooks().transactions.as_ref().and_then(|t| t.take_fatal()) {

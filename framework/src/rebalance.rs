@@ -14,10 +14,12 @@ use crate::kafka_log::KafkaLog;
 use crate::partition::PartitionHandle;
 use crate::stats::Stats;
 use crate::transaction::{Transactions, TxnOutcome};
+use crate::watchdog::Watchdog;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::statistics::Statistics;
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -80,6 +82,8 @@ pub(crate) struct Hooks {
     pub(crate) log: Arc<KafkaLog>,
     /// Exactly-once mode's transactions.
     pub(crate) transactions: Option<Arc<Transactions>>,
+    /// Reports stalled partitions and an unreachable cluster from librdkafka's statistics.
+    pub(crate) watchdog: Watchdog,
 }
 
 impl Hooks {
@@ -285,6 +289,11 @@ impl ClientContext for Hooks {
 
     fn error(&self, error: KafkaError, reason: &str) {
         self.log.error(error, reason);
+    }
+
+    fn stats(&self, statistics: Statistics) {
+        let busy = self.stats.breaker_open.load(Relaxed) != 0;
+        self.watchdog.observe(&statistics, &self.lock(), &self.stats, busy);
     }
 }
 

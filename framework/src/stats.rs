@@ -36,6 +36,9 @@ pub struct Stats {
     pub(crate) producer_resets: AtomicU64,
     pub(crate) fenced_recoveries: AtomicU64,
     pub(crate) committed_outputs: AtomicU64,
+    pub(crate) stalled_partitions: AtomicU64,
+    pub(crate) cluster_unreachable: AtomicU64,
+    pub(crate) missing_topics: AtomicU64,
 }
 
 /// A point-in-time copy of [`Stats`].
@@ -110,6 +113,16 @@ pub struct StatsSnapshot {
     pub fenced_recoveries: u64,
     /// Exactly-once: output records (emitted and dead-lettered) in committed transactions.
     pub committed_outputs: u64,
+    /// Owned partitions that have not moved for `stall_timeout` although records lie ahead of them
+    /// (see [`PipelineConfig::stall_timeout`](crate::PipelineConfig::stall_timeout)); each was
+    /// logged once at error level.
+    pub stalled_partitions: u64,
+    /// Whether no broker can be reached now (from start-up until the first broker answers, and
+    /// later while every broker connection is down).
+    pub cluster_unreachable: bool,
+    /// Input topics that do not exist now (see
+    /// [`PipelineConfig::fail_on_missing_topic`](crate::PipelineConfig::fail_on_missing_topic)).
+    pub missing_topics: u64,
 }
 
 impl Stats {
@@ -147,6 +160,9 @@ impl Stats {
             producer_resets: self.producer_resets.load(Relaxed),
             fenced_recoveries: self.fenced_recoveries.load(Relaxed),
             committed_outputs: self.committed_outputs.load(Relaxed),
+            stalled_partitions: self.stalled_partitions.load(Relaxed),
+            cluster_unreachable: self.cluster_unreachable.load(Relaxed) != 0,
+            missing_topics: self.missing_topics.load(Relaxed),
         }
     }
 

@@ -1,0 +1,187 @@
+//! The stall watchdog: reports a partition that cannot make progress, and a cluster that cannot be
+//! reached, instead of leaving a pipeline silently idle.
+//!
+//! It reads librdkafka's statistics (`statistics.interval.ms`, set by Millrace from
+//! [`stall_timeout`](crate::PipelineConfig::stall_timeout)), which the consumer delivers on the poll
+//! thread. Per owned partition librdkafka reports its fetch position (`next_offset`, the next offset
+//! it will fetch: it moves past control records and aborted data too), its high watermark
+//! (`hi_offset`) and its last stable offset (`ls_offset`, the end a `read_committed` reader may read
+//! to). A partition is **stalled** when, for `stall_timeout` without its fetch position moving,
+//! - Millrace owns it, has not paused it (backpressure, circuit breaker) and holds none of its
+//!   records, and librdkafka has none of them queued for the application, and
+//! - either records it may read lie ahead of its fetch position (the fetch keeps failing: a codec
+//!   librdkafka cannot decompress, a corrupt batch, an offset it cannot resolve), or
+//! - in `read_committed` mode, the fetch position reached the last stable offset but the high
+//!   watermark is beyond it: a transaction left open holds the partition back (a *hanging*
+//!   transaction; a transaction normally commits or is aborted by its `transaction.timeout.ms`).
+//!
+//! librdkafka itself counts the second case as caught up (its consumer lag is measured to the last
+//! stable offset), but for the pipeline the records behind the open transaction are work it cannot
+//! reach, so it is reported: a transaction open longer than `stall_timeout` is what an operator
+//! must look at (Kafka's `kafka-transactions.sh find-hanging` / `abort`).
+//!
+//! Each stall is logged once at error level, naming the topic, partition, position and end, and
+//! counted in [`StatsSnapshot::stalled_partitions`](crate::StatsSnapshot::stalled_partitions); it
+//! is cleared (logged at info level) when the position moves or the partition is no longer owned.
+//! The cluster is **unreachable** while no broker connection is up; that is shown by
+//! [`StatsSnapshot::cluster_unreachable`](crate::StatsSnapshot::cluster_unreachable) and logged once
+//! at error level when it lasts `stall_timeout`.
+
+use crate::rebalance::Assignments;
+use crate::stats::Stats;
+use rdkafka::statistics::{Partition, Statistics};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+/// How often librdkafka's statistics are wanted for a given stall timeout: four samples per timeout,
+/// at least every 5 s and at most every 100 ms.
+pub(crate) fn statistics_interval(stall_timeout: Duration) -> Duration {
+    (stall_timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(5))
+}
+
+/// What holds a stalled partition back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stall {
+    /// Readable records lie ahead of the fetch position, which does not move.
+    Fetch,
+    /// `read_committed`: an open transaction holds the last stable offset below the high watermark.
+    OpenTransaction,
+}
+
+/// One partition's progress as the watchdog last saw it.
+#[derive(Debug)]
+struct Track {
+    position: i64,
+    since: Instant,
+    reported: bool,
+}
+
+/// The watchdog's state; lives in the consumer's context and is fed every statistics report.
+#[derive(Debug)]
+pub(crate) struct Watchdog {
+    name: String,
+    bootstrap: String,
+    timeout: Duration,
+    read_committed: bool,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    partitions: HashMap<(String, i32), Track>,
+    /// Since when no broker connection has been up, and whether that was reported.
+    unreachable: Option<(Instant, bool)>,
+}
+
+impl Watchdog {
+    pub(crate) fn new(name: String, bootstrap: String, timeout: Duration, read_committed: bool) -> Self {
+        Self { name, bootstrap, timeout, read_committed, state: Mutex::default() }
+    }
+
+    /// Takes one statistics report: updates the cluster and partition gauges, and reports what
+    /// changed. `busy` is whether the pipeline holds back every partition now (circuit breaker).
+    pub(crate) fn observe(&self, report: &Statistics, owned: &Assignments, stats: &Stats, busy: bool) {
+        let now = Instant::now();
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.observe_cluster(report, &mut state, stats, now);
+        let mut seen = Vec::new();
+        for (topic, t) in &report.topics {
+            for (&partition, p) in t.partitions.iter().filter(|(id, _)| **id >= 0) {
+                let Some(handle) = owned.get(topic, partition) else { continue };
+                let idle = !busy && !handle.is_paused() && handle.buffered() == 0 && p.fetchq_cnt == 0;
+                let stall = if idle { self.stall(p) } else { None };
+                let key = (topic.clone(), partition);
+                seen.push(key.clone());
+                let track = state.partitions.entry(key).or_insert(Track {
+                    position: p.next_offset,
+                    since: now,
+                    reported: false,
+                });
+                if stall.is_none() || track.position != p.next_offset {
+                    if track.reported {
+                        tracing::info!(pipeline = %self.name, topic = %topic, partition, position = p.next_offset,
+                            "partition makes progress again");
+                        stats.stalled_partitions.fetch_sub(1, Relaxed);
+                    }
+                    *track = Track { position: p.next_offset, since: now, reported: false };
+                    continue;
+                }
+                if let Some(kind) = stall.filter(|_| !track.reported && now - track.since >= self.timeout) {
+                    track.reported = true;
+                    Stats::bump(&stats.stalled_partitions);
+                    self.report(topic, partition, p, kind, now - track.since);
+                }
+            }
+        }
+        // Partitions no longer owned (or no longer in the report) are no longer stalled here.
+        state.partitions.retain(|key, track| {
+            let keep = seen.contains(key);
+            if !keep && track.reported {
+                stats.stalled_partitions.fetch_sub(1, Relaxed);
+            }
+            keep
+        });
+    }
+
+    /// Whether `p`, idle on Millrace's side, is held back, and by what.
+    fn stall(&self, p: &Partition) -> Option<Stall> {
+        if p.next_offset < 0 || p.hi_offset < 0 {
+            return None; // not fetching yet (or nothing known about its end)
+        }
+        let end = if self.read_committed { p.ls_offset } else { p.hi_offset };
+        if end >= 0 && p.next_offset < end {
+            Some(Stall::Fetch)
+        } else if self.read_committed && p.ls_offset >= 0 && p.ls_offset < p.hi_offset {
+            Some(Stall::OpenTransaction)
+        } else {
+            None
+        }
+    }
+
+    fn report(&self, topic: &str, partition: i32, p: &Partition, kind: Stall, stuck: Duration) {
+        let (name, position, stuck) = (&self.name, p.next_offset, stuck.as_secs());
+        let (end, last_stable, state) = (p.hi_offset, p.ls_offset, &p.fetch_state);
+        match kind {
+            Stall::Fetch => tracing::error!(pipeline = %name, topic, partition, position, end, last_stable,
+                fetch_state = %state, stuck_for_s = stuck,
+                "partition stalled: records lie ahead of its position but fetching them makes no progress \
+                 (see the consumer errors logged for it, e.g. a compression codec this build cannot decode)"),
+            Stall::OpenTransaction => tracing::error!(pipeline = %name, topic, partition, position, end, last_stable,
+                stuck_for_s = stuck,
+                "partition stalled: an open transaction holds its last stable offset below the high watermark \
+                 (a hanging transaction? see kafka-transactions.sh find-hanging)"),
+        }
+    }
+
+    /// The cluster is reachable while at least one broker connection is up.
+    fn observe_cluster(&self, report: &Statistics, state: &mut State, stats: &Stats, now: Instant) {
+        if report.brokers.values().any(|b| b.state == "UP") {
+            if let Some((_, true)) = state.unreachable.take() {
+                tracing::info!(pipeline = %self.name, bootstrap = %self.bootstrap, "cluster reachable again");
+            }
+            stats.cluster_unreachable.store(0, Relaxed);
+            return;
+        }
+        stats.cluster_unreachable.store(1, Relaxed);
+        let (since, reported) = state.unreachable.get_or_insert((now, false));
+        if !*reported && now - *since >= self.timeout {
+            *reported = true;
+            tracing::error!(pipeline = %self.name, bootstrap = %self.bootstrap,
+                down_for_s = (now - *since).as_secs(), "no broker of the cluster can be reached (retrying)");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statistics_interval_is_a_quarter_of_the_timeout_within_bounds() {
+        assert_eq!(statistics_interval(Duration::from_secs(60)), Duration::from_secs(5));
+        assert_eq!(statistics_interval(Duration::from_secs(2)), Duration::from_millis(500));
+        assert_eq!(statistics_interval(Duration::from_millis(200)), Duration::from_millis(100));
+    }
+}
