@@ -122,6 +122,9 @@ impl TopicWatch {
     /// Looks the input topics up if a consumer error asked for it, or while one is missing (every
     /// [`RECHECK`]); cheap otherwise. A lookup that fails (broker down) changes nothing.
     pub(crate) fn check<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, stats: &Stats) -> Result<(), Error> {
+        if self.missing.is_empty() && !self.due {
+            return Ok(()); // the common case: no clock read on the per-record path
+        }
         let now = Instant::now();
         let recheck = !self.missing.is_empty() && now >= self.next_recheck;
         // A burst of consumer errors costs one lookup a second at most.
