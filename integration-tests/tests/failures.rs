@@ -203,15 +203,11 @@ async fn exhausted_retries_follow_full_jitter_bounds_then_dead_letter() -> Resul
     run.await??;
 
     let attempts = attempts.lock().unwrap();
-    let tolerance = Duration::from_millis(100); // timer granularity and scheduling on a busy machine
     let mut delays: Vec<Vec<Duration>> = vec![Vec::new(); 3];
     for (key, times) in attempts.iter() {
         assert_eq!(times.len(), 4, "{key}: called exactly max_attempts times");
         for (i, w) in times.windows(2).enumerate() {
-            let delay = w[1] - w[0];
-            let ceiling = policy.ceiling(i as u32 + 1);
-            assert!(delay <= ceiling + tolerance, "{key}: delay {delay:?} before attempt {} above {ceiling:?}", i + 2);
-            delays[i].push(delay);
+            delays[i].push(w[1] - w[0]);
         }
     }
     let last_flaky_attempt = attempts.values().map(|t| *t.last().unwrap()).max().unwrap();
@@ -228,13 +224,38 @@ async fn exhausted_retries_follow_full_jitter_bounds_then_dead_letter() -> Resul
             ms(d[d.len() - 1]),
             d.len()
         );
+        // What is measured here is the chosen delay plus the time the woken task waited for a CPU,
+        // which has no bound on a busy machine (150 ms seen with a build beside the suite); that every
+        // chosen delay stays under its ceiling is the unit test in retry.rs. Full jitter puts the
+        // median at half the ceiling: a delay that ignores the ceiling or sits at it fails this.
+        let ceiling = policy.ceiling(i as u32 + 1);
+        assert!(d[d.len() / 2] <= ceiling, "median delay before attempt {} above its ceiling {ceiling:?}", i + 2);
     }
     // Full jitter spreads delays over the range: they are not all near the ceiling.
     let all: Vec<Duration> = delays.concat();
     assert!(all.iter().any(|d| *d < Duration::from_millis(50)), "no short delay at all: not full jitter");
 
-    let dlq = read_topic(&format!("{topic}.dlq"))?;
-    assert_eq!(dlq.len(), FLAKY);
+    let dlq_topic = format!("{topic}.dlq");
+    let dlq = read_topic(&dlq_topic)?;
+    if dlq.len() != FLAKY {
+        // Issue 12 item 3 (seen once, not reproduced since): say whether the records were late or
+        // missing. `read_topic_as` reads to every partition's end rather than to a watermark snapshot.
+        let keys = |rs: &[ReadRecord]| {
+            rs.iter()
+                .map(|r| String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned())
+                .collect::<std::collections::BTreeSet<_>>()
+        };
+        let to_eof = read_topic_as(&dlq_topic, Isolation::ReadUncommitted)?;
+        panic!(
+            "{} DLQ records of {FLAKY} (dead_lettered {}): keys {:?}; end offsets {:?}; read to EOF: {} records, keys {:?}",
+            dlq.len(),
+            stats.snapshot().dead_lettered,
+            keys(&dlq),
+            end_offsets(&dlq_topic, 2)?,
+            to_eof.len(),
+            keys(&to_eof)
+        );
+    }
     for r in &dlq {
         let info = DlqInfo::from_headers(&r.headers).unwrap();
         assert_eq!((info.kind, info.attempts), (DlqErrorKind::TransientExhausted, 4));

@@ -52,6 +52,8 @@ async fn json_orders_become_payments_and_undecodable_ones_go_to_the_dlq() -> Res
         (Some(b"b1".to_vec()), Some(br#"{"id":"x","amount_cents":1}"#.to_vec()), vec![]),
         (Some(b"b2".to_vec()), Some(vec![0xff, 0x00]), vec![]),
         (Some(b"b3".to_vec()), None, vec![]),
+        // The field values as an array: serde would take it for an `Order`, the `Json` codec does not.
+        (Some(b"b4".to_vec()), Some(b"[21, 2100]".to_vec()), vec![]),
     ];
     produce_raw(&orders, good.chain(bad.clone())).await?;
 
@@ -61,9 +63,9 @@ async fn json_orders_become_payments_and_undecodable_ones_go_to_the_dlq() -> Res
         Pipeline::new(PipelineConfig::new(bootstrap(), unique("typed-group"), [&orders]), Typed::new(billing, Json))?;
     let (stop, stats) = (pipeline.shutdown_token(), pipeline.stats());
     let run = tokio::spawn(pipeline.run());
-    eventually("20 payments and 3 dead letters", Duration::from_secs(60), || {
+    eventually("20 payments and 4 dead letters", Duration::from_secs(60), || {
         let s = stats.snapshot();
-        Ok((s.processed == 20 && s.dead_lettered == 3).then_some(()))
+        Ok((s.processed == 20 && s.dead_lettered == 4).then_some(()))
     })
     .await?;
     stop.cancel();
@@ -77,13 +79,16 @@ async fn json_orders_become_payments_and_undecodable_ones_go_to_the_dlq() -> Res
     out.sort_by_key(|p| p.order);
     assert_eq!(out, (1..=20).map(|i| Payment { order: i, amount_cents: i * 100 }).collect::<Vec<_>>());
     let dlq = read_topic(&format!("{orders}.dlq"))?;
-    assert_eq!(dlq.len(), 3);
+    assert_eq!(dlq.len(), 4);
     for r in &dlq {
         let info = DlqInfo::from_headers(&r.headers).unwrap();
         assert_eq!(info.kind, DlqErrorKind::Decode);
         assert_eq!(info.processor, "Billing");
         let original = bad.iter().find(|b| b.0 == r.key).expect("a known bad record");
         assert_eq!(r.value, original.1, "bytes untouched");
+        if r.key.as_deref() == Some(b"b4") {
+            assert!(info.message.contains("expected a JSON object for Order, found an array"), "{}", info.message);
+        }
     }
     Ok(())
 }
