@@ -474,10 +474,7 @@ impl<P: Processor> PartitionTask<P> {
                         offset = record.offset, error = %failure.message,
                         "an output of the record can never be produced; it is not run again"
                     );
-                    let outcome = match shared.config.dlq.enabled {
-                        true => dead_letter(shared, &record, &failure, cancel).await,
-                        false => Outcome::Failed(failure),
-                    };
+                    let outcome = failed(shared, &record, failure, cancel).await;
                     let (offset, bytes) = (record.offset, record.byte_len() as u64);
                     return Finished { lane, offset, bytes, outcome, dedup_key: None, alone: false };
                 }
@@ -665,11 +662,22 @@ async fn run<P: Processor>(
     idempotency_key: Option<&[u8]>,
     cancel: &CancellationToken,
 ) -> Outcome {
-    let result = attempt_until_done(shared, epoch, record, idempotency_key, cancel).await;
-    match result {
+    match attempt_until_done(shared, epoch, record, idempotency_key, cancel).await {
         Ok(outcome) => outcome,
-        Err(failure) if shared.config.dlq.enabled => dead_letter(shared, record, &failure, cancel).await,
-        Err(failure) => Outcome::Failed(failure),
+        Err(failure) => failed(shared, record, failure, cancel).await,
+    }
+}
+
+/// A record that failed for good: dead-lettered when the DLQ is on, else left uncommitted.
+async fn failed<P: Processor>(
+    shared: &Arc<Shared<P>>,
+    record: &Record,
+    failure: crate::dlq::Failure,
+    cancel: &CancellationToken,
+) -> Outcome {
+    match shared.config.dlq.enabled {
+        true => dead_letter(shared, record, &failure, cancel).await,
+        false => Outcome::Failed(failure),
     }
 }
 
