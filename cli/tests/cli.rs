@@ -21,6 +21,7 @@ async fn produce(records: &[OutputRecord]) {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("enable.idempotence", "true")
+        .set("max.in.flight.requests.per.connection", "1") // see the integration tests' `produce`
         .set("linger.ms", "0")
         .create()
         .expect("producer");

@@ -9,13 +9,12 @@
 
 use crate::attempt::Outcome;
 use crate::dlq::{self, Failure};
+use crate::kafka::topic;
 use crate::pipeline::Shared;
 use crate::processor::Processor;
 use crate::produce::produce;
 use crate::record::Record;
 use crate::stats::Stats;
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
-use rdkafka::types::RDKafkaErrorCode;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -63,31 +62,14 @@ pub(crate) async fn dead_letter<P: Processor>(
     }
 }
 
-/// Creates the DLQ topic once per run if allowed and missing.
+/// Creates the DLQ topic once per run if allowed and missing, with the source topic's partitions.
 async fn ensure_topic<P: Processor>(shared: &Arc<Shared<P>>, source: &str, dlq_topic: &str) -> Result<(), String> {
     if !shared.config.dlq.create_topics
         || shared.dlq_topics.lock().unwrap_or_else(|p| p.into_inner()).contains(dlq_topic)
     {
         return Ok(());
     }
-    let admin = shared.admin.clone();
-    let src = source.to_owned();
-    let partitions = tokio::task::spawn_blocking(move || {
-        let md = admin.inner().fetch_metadata(Some(&src), Duration::from_secs(10)).map_err(|e| e.to_string())?;
-        let topic = md.topics().first().ok_or("no metadata for the source topic")?;
-        Ok::<_, String>(topic.partitions().len().max(1) as i32)
-    })
-    .await
-    .map_err(|e| e.to_string())??;
-    let new = NewTopic::new(dlq_topic, partitions, TopicReplication::Fixed(-1));
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for result in shared.admin.create_topics([&new], &opts).await.map_err(|e| e.to_string())? {
-        match result {
-            Ok(_) => tracing::info!(pipeline = %shared.config.name, topic = dlq_topic, partitions, "created DLQ topic"),
-            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => return Err(format!("creating DLQ topic {t}: {e}")),
-        }
-    }
+    topic::ensure(&shared.admin, dlq_topic, &[source.to_owned()], &[]).await?;
     shared.dlq_topics.lock().unwrap_or_else(|p| p.into_inner()).insert(dlq_topic.to_owned());
     Ok(())
 }

@@ -5,16 +5,15 @@
 
 use crate::dedup::{DedupConfig, InFlightKeys, changelog_topic};
 use crate::dedup_store::DedupStore;
+use crate::kafka::topic;
 use crate::pipeline::Shared;
 use crate::processor::Processor;
-use crate::produce::enqueue;
+use crate::produce::{confirmed, enqueue};
 use crate::record::{OutputRecord, Record};
 use crate::stats::Stats;
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers as _, Message};
-use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -169,7 +168,8 @@ async fn write<P: Processor>(
     let delivery = enqueue(&shared.handles.producer, &out).await.map_err(|e| e.to_string())?;
     // The delivery report says where the entry landed: the local store is current up to there.
     let offset = match delivery.await {
-        Ok(Ok(d)) => d.offset,
+        Ok(Ok(d)) if confirmed(d.offset) => d.offset,
+        Ok(Ok(_)) => return Err("changelog write reported delivered without an offset (not confirmed)".into()),
         Ok(Err((e, _))) => return Err(format!("changelog write not acknowledged: {e}")),
         Err(_) => return Err("producer closed before the changelog write was acknowledged".into()),
     };
@@ -182,27 +182,7 @@ async fn ensure_changelog<P: Processor>(shared: &Arc<Shared<P>>, dedup: &Dedup) 
     if dedup.changelog_ready.load(Relaxed) {
         return Ok(());
     }
-    let admin = shared.admin.clone();
-    let topics = shared.config.topics.clone();
-    let partitions = tokio::task::spawn_blocking(move || {
-        let mut most = 1;
-        for t in &topics {
-            let md = admin.inner().fetch_metadata(Some(t), Duration::from_secs(10)).map_err(|e| e.to_string())?;
-            most = most.max(md.topics().first().map_or(1, |t| t.partitions().len()));
-        }
-        Ok::<_, String>(most as i32)
-    })
-    .await
-    .map_err(|e| e.to_string())??;
-    let new = NewTopic::new(&dedup.changelog, partitions, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for result in shared.admin.create_topics([&new], &opts).await.map_err(|e| e.to_string())? {
-        match result {
-            Ok(_) => tracing::info!(topic = %dedup.changelog, partitions, "created dedup changelog topic"),
-            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => return Err(format!("creating changelog topic {t}: {e}")),
-        }
-    }
+    topic::ensure(&shared.admin, &dedup.changelog, &shared.config.topics, &[("cleanup.policy", "compact")]).await?;
     dedup.changelog_ready.store(true, Relaxed);
     Ok(())
 }

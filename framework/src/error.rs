@@ -185,6 +185,16 @@ pub enum EmitError {
         /// What the metadata request said.
         reason: String,
     },
+    /// The producer reported the output delivered but without an offset: it could not confirm the
+    /// write. librdkafka's idempotent producer does this when a later request succeeded after an
+    /// earlier one failed, and the earlier one can have been refused (`NOT_LEADER_OR_FOLLOWER` on
+    /// a partition the broker was still creating), so the output may be missing. Transient: the
+    /// record is retried (at-least-once: an output may then appear twice, never not at all).
+    #[error("output to {topic} reported delivered without an offset: the write is not confirmed")]
+    Unconfirmed {
+        /// Destination topic.
+        topic: String,
+    },
     /// The record is larger than the producer's `message.max.bytes`: it can never be produced.
     #[error("output to {topic} is {size} bytes, over the producer's message.max.bytes ({max})")]
     TooLarge {

@@ -68,6 +68,7 @@ pub mod error;
 pub mod guarantees {
     #![doc = include_str!("../../docs/guarantees.md")]
 }
+mod kafka;
 mod kafka_log;
 pub mod offsets;
 mod output_topics;

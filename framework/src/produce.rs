@@ -46,10 +46,28 @@ pub(crate) fn kafka_headers(headers: &crate::record::Headers) -> Option<OwnedHea
     })
 }
 
+/// Whether a successful delivery report proves the write: it names the offset the record got.
+///
+/// librdkafka's idempotent producer also reports success *without* an offset, for a request it
+/// could not confirm: a duplicate-sequence answer, or an earlier request "implicitly acked" because
+/// a later one succeeded. The latter can be wrong: on a partition the broker was still creating,
+/// the first request was refused (`NOT_LEADER_OR_FOLLOWER`), the next one accepted (a broker
+/// accepts any sequence from a producer it has no state for), and the refused record was reported
+/// delivered yet is not in the log (found as a DLQ record missing on a fresh broker; issue 12,
+/// item 3; the same librdkafka behaviour is reported as confluent-kafka-go issue 921). Such a
+/// report is treated as not acknowledged: the record is produced again (at worst a duplicate).
+pub(crate) fn confirmed(offset: i64) -> bool {
+    offset >= 0
+}
+
 /// Awaits one delivery.
 pub(crate) async fn acknowledged(topic: &str, delivery: DeliveryFuture) -> Result<(), EmitError> {
     match delivery.await {
-        Ok(Ok(_)) => Ok(()),
+        Ok(Ok(d)) if confirmed(d.offset) => Ok(()),
+        Ok(Ok(d)) => {
+            tracing::warn!(topic, partition = d.partition, "delivery reported without an offset; producing again");
+            Err(EmitError::Unconfirmed { topic: topic.to_owned() })
+        }
         Ok(Err((source, _))) => Err(EmitError::NotAcknowledged { topic: topic.to_owned(), source }),
         Err(_) => Err(EmitError::Canceled { topic: topic.to_owned() }),
     }

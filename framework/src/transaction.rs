@@ -358,6 +358,11 @@ impl Transactions {
             return self.abort(&producer, &mut open);
         }
         self.await_deliveries(&producer);
+        if self.client.take_unconfirmed() {
+            // An output may be missing from the transaction (see `produce::confirmed`): abort and
+            // redo the work rather than commit offsets past it.
+            return self.abort(&producer, &mut open);
+        }
         if let Some(outcome) =
             self.retrying("commit_transaction", &producer, &mut open, |p| p.commit_transaction(self.call_timeout()))
         {
@@ -457,6 +462,7 @@ impl Transactions {
         // the abort bumps the producer epoch, and a request of the old epoch answered after that
         // (INVALID_PRODUCER_EPOCH) would leave librdkafka's producer fenced for good.
         self.await_deliveries(producer);
+        self.client.take_unconfirmed(); // nothing of this transaction will commit
         let deadline = started + self.call_timeout();
         let mut attempt = 0u32;
         loop {

@@ -56,6 +56,9 @@ pub(crate) struct TxnClient {
     rejections: Arc<Rejections>,
     /// When the recent fences without an outage happened.
     fences: Mutex<FenceHistory>,
+    /// Set by the delivery callback when an output was reported delivered without an offset (see
+    /// [`crate::produce::confirmed`]): the open transaction may lack it and must not commit.
+    unconfirmed: Arc<AtomicBool>,
 }
 
 impl TxnClient {
@@ -66,8 +69,8 @@ impl TxnClient {
         call_timeout: Duration,
         rejections: Arc<Rejections>,
     ) -> Result<Self, KafkaError> {
-        let outage = Arc::new(AtomicBool::new(false));
-        let producer = create(&config, &log, &outage, &rejections)?;
+        let (outage, unconfirmed) = (Arc::default(), Arc::default());
+        let producer = create(&config, &log, &outage, &unconfirmed, &rejections)?;
         Ok(Self {
             config,
             log,
@@ -76,6 +79,7 @@ impl TxnClient {
             call_timeout,
             rejections,
             fences: Mutex::default(),
+            unconfirmed,
         })
     }
 
@@ -114,11 +118,18 @@ impl TxnClient {
     pub(crate) fn replace(&self) -> Result<(), KafkaError> {
         // A new producer talks to no coordinator before its `init_transactions`; the old one is
         // destroyed before that (the caller, the poll thread, holds no other reference to it).
-        let fresh = Arc::new(create(&self.config, &self.log, &self.outage, &self.rejections)?);
+        let fresh = Arc::new(create(&self.config, &self.log, &self.outage, &self.unconfirmed, &self.rejections)?);
         let old = std::mem::replace(&mut *self.producer.lock().unwrap_or_else(|p| p.into_inner()), fresh);
         drop(old);
         self.outage.store(false, Relaxed);
+        self.unconfirmed.store(false, Relaxed);
         Ok(())
+    }
+
+    /// Whether an output of the open transaction was reported delivered without an offset since the
+    /// last call; clears the mark. Such a transaction is aborted rather than committed.
+    pub(crate) fn take_unconfirmed(&self) -> bool {
+        self.unconfirmed.swap(false, Relaxed)
     }
 
     /// Whether the brokers were unreachable, or a request timed out, since the last committed
@@ -216,9 +227,15 @@ fn create(
     config: &ClientConfig,
     log: &Arc<KafkaLog>,
     outage: &Arc<AtomicBool>,
+    unconfirmed: &Arc<AtomicBool>,
     rejections: &Arc<Rejections>,
 ) -> Result<TxnProducer, KafkaError> {
-    config.create_with_context(TxnHooks { log: log.clone(), outage: outage.clone(), rejections: rejections.clone() })
+    config.create_with_context(TxnHooks {
+        log: log.clone(),
+        outage: outage.clone(),
+        unconfirmed: unconfirmed.clone(),
+        rejections: rejections.clone(),
+    })
 }
 
 /// Errors that say the brokers were unreachable or slow rather than that the request was refused.
@@ -247,6 +264,7 @@ pub(crate) fn is_outage(e: &KafkaError) -> bool {
 pub(crate) struct TxnHooks {
     log: Arc<KafkaLog>,
     outage: Arc<AtomicBool>,
+    unconfirmed: Arc<AtomicBool>,
     rejections: Arc<Rejections>,
 }
 
@@ -274,6 +292,15 @@ impl ProducerContext for TxnHooks {
     type DeliveryOpaque = Box<Source>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, source: Box<Source>) {
+        if let Ok(message) = result
+            && !crate::produce::confirmed(message.offset())
+        {
+            self.unconfirmed.store(true, Relaxed);
+            tracing::warn!(
+                pipeline = %self.log.name, topic = message.topic(), partition = message.partition(),
+                "transactional output reported delivered without an offset; the transaction will abort"
+            );
+        }
         if let Err((e, message)) = result {
             if is_outage(e) {
                 self.outage.store(true, Relaxed);
