@@ -21,8 +21,7 @@ use futures::FutureExt as _;
 use millrace::dlq::{headers, replay_count, user_headers};
 use millrace::record::OutputRecord;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, Producer as _};
 use serde::Serialize;
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -328,20 +327,7 @@ impl Replayer<'_> {
 
     /// Hands the record to the producer, waiting for room in its queue when it is full.
     async fn send(&mut self, out: &OutputRecord) -> Result<DeliveryFuture> {
-        let mut headers = OwnedHeaders::new_with_capacity(out.headers.len());
-        for h in out.headers.iter() {
-            headers = headers.insert(Header { key: &h.name, value: h.value.as_deref() });
-        }
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&out.topic).headers(headers);
-        if let Some(k) = out.key.as_deref() {
-            record = record.key(k);
-        }
-        if let Some(v) = out.value.as_deref() {
-            record = record.payload(v);
-        }
-        if let Some(p) = out.partition {
-            record = record.partition(p);
-        }
+        let mut record = out.as_future_record();
         loop {
             let producer = self.producer.as_ref().ok_or_else(|| anyhow!("no producer in a dry run"))?;
             match producer.send_result(record) {

@@ -2,8 +2,8 @@
 //! acknowledgement gates the record's completion, and the shutdown signal.
 
 use crate::error::EmitError;
-use crate::kafka_log::Producer;
-use crate::produce;
+use crate::kafka::log::Producer;
+use crate::kafka::produce;
 use crate::record::OutputRecord;
 use rdkafka::producer::DeliveryFuture;
 use std::sync::{Arc, Mutex};
@@ -36,7 +36,7 @@ pub(crate) struct RuntimeHandles {
     /// The producer's `message.max.bytes`: a larger output can never be produced.
     pub(crate) max_output_bytes: usize,
     /// Exactly-once: output topics known to exist.
-    pub(crate) output_topics: crate::output_topics::OutputTopics,
+    pub(crate) output_topics: crate::kafka::output_topics::OutputTopics,
 }
 
 impl Context {

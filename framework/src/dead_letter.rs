@@ -9,10 +9,10 @@
 
 use crate::attempt::Outcome;
 use crate::dlq::{self, Failure};
+use crate::kafka::produce::produce;
 use crate::kafka::topic;
 use crate::pipeline::Shared;
 use crate::processor::Processor;
-use crate::produce::produce;
 use crate::record::Record;
 use crate::stats::Stats;
 use std::sync::Arc;

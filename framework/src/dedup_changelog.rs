@@ -5,16 +5,17 @@
 
 use crate::dedup::{DedupConfig, InFlightKeys, changelog_topic};
 use crate::dedup_store::DedupStore;
+use crate::kafka::config::restore_consumer_config;
+use crate::kafka::produce::{confirmed, enqueue};
 use crate::kafka::topic;
 use crate::pipeline::Shared;
 use crate::processor::Processor;
-use crate::produce::{confirmed, enqueue};
 use crate::record::{OutputRecord, Record};
 use crate::stats::Stats;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers as _, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -253,17 +254,7 @@ fn apply<P: Processor>(
     let dedup = shared.dedup.as_ref().expect("checked by restore");
     let part = dedup.store.partition(topic, partition).map_err(|e| e.to_string())?;
     let from = part.changelog_position().map_err(|e| e.to_string())?;
-    let mut c = ClientConfig::new();
-    for (k, v) in &shared.config.kafka {
-        c.set(k, v);
-    }
-    c.set("bootstrap.servers", &shared.config.bootstrap_servers)
-        .set("group.id", format!("{}.restore", shared.config.group_id))
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        // In exactly-once mode the changelog is written in transactions, so its last offsets are
-        // commit markers that are never delivered: the end is known by the end-of-partition event.
-        .set("enable.partition.eof", "true");
+    let c = restore_consumer_config(&shared.config);
     let consumer: BaseConsumer = c.create().map_err(|e| e.to_string())?;
     let (low, high) =
         consumer.fetch_watermarks(&dedup.changelog, partition, Duration::from_secs(10)).map_err(|e| e.to_string())?;

@@ -11,17 +11,20 @@
 //! - [`context`]: what the processor sees; emitted outputs must be acknowledged before completion.
 //! - [`offsets`]: the completed prefix of each partition, which is what gets committed.
 //! - `rebalance` (internal): assign, revoke (drain, commit, release) and lost partitions.
-//! - `pending`, `transaction` and `txn_producer` (internal): exactly-once mode; completed records'
-//!   outputs wait by offset and commit with the input offsets in one Kafka transaction per commit
-//!   interval; the transactional producer is replaced when a broker outage leaves it unusable.
+//! - `pending` and `transaction` (internal): exactly-once mode; completed records' outputs wait by
+//!   offset and commit with the input offsets in one Kafka transaction per commit interval.
 //! - `rejected` (internal): exactly-once mode; a record whose output the broker rejects (unknown
 //!   topic, too large, not authorised) runs again with its outputs alone, then goes to the DLQ in
 //!   the transaction that commits its offset, instead of aborting every transaction forever;
-//!   `output_topics` (internal) keeps outputs to a missing topic out of transactions altogether.
+//!   `kafka::output_topics` keeps outputs to a missing topic out of transactions altogether.
 //! - `cluster` (internal): start-up waits for the brokers (bounded by `startup_timeout`) and checks
 //!   that the input topics exist; a topic that goes missing later is reported.
 //! - `watchdog` (internal): reads librdkafka's statistics on the poll thread and reports a partition
 //!   that cannot make progress (`stall_timeout`) or a cluster that cannot be reached.
+//! - `kafka` (internal): below the record's path, everything that talks to librdkafka: client
+//!   settings, its logs and errors, producing an output and awaiting its acknowledgement, the
+//!   transactional producer (replaced when a fence or a broker outage leaves it unusable), and the
+//!   topics the pipeline creates on its own (DLQ, dedup changelog).
 //! - [`config`], [`error`], [`record`], [`stats`], [`shutdown`]: the supporting pieces.
 //! - [`typed`] and [`codec`]: typed processors decode the value before the processor sees it;
 //!   [`avro`] with a [`schema_registry`] is the codec for Avro in the Confluent wire format.
@@ -69,14 +72,11 @@ pub mod guarantees {
     #![doc = include_str!("../../docs/guarantees.md")]
 }
 mod kafka;
-mod kafka_log;
 pub mod offsets;
-mod output_topics;
 mod partition;
 mod pending;
 pub mod pipeline;
 pub mod processor;
-mod produce;
 mod rebalance;
 pub mod record;
 mod rejected;
@@ -85,7 +85,6 @@ pub mod schema_registry;
 pub mod shutdown;
 pub mod stats;
 mod transaction;
-mod txn_producer;
 pub mod typed;
 mod watchdog;
 

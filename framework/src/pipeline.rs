@@ -19,8 +19,12 @@ use crate::cluster::{self, TopicWatch};
 use crate::config::PipelineConfig;
 use crate::context::RuntimeHandles;
 use crate::dedup_changelog::Dedup;
-use crate::error::{ConfigError, Error};
-use crate::kafka_log::{KafkaLog, Producer, ProducerHooks, is_fatal};
+use crate::error::Error;
+use crate::kafka::config::{
+    admin_config, client_creation, consumer_config, max_message_bytes, producer_config, transactional_producer_config,
+};
+use crate::kafka::log::{KafkaLog, Producer, ProducerHooks, is_fatal};
+use crate::kafka::txn_producer::TxnClient;
 use crate::partition::PartitionHandle;
 use crate::processor::Processor;
 use crate::rebalance::{Assignments, Hooks, Starter, commit_now};
@@ -28,13 +32,10 @@ use crate::record::Record;
 use crate::rejected::Rejections;
 use crate::stats::Stats;
 use crate::transaction::{Transactions, TxnOutcome};
-use crate::txn_producer::TxnClient;
-use crate::watchdog::{Watchdog, statistics_interval};
-use rdkafka::ClientConfig;
+use crate::watchdog::Watchdog;
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::{HashMap, HashSet};
@@ -270,78 +271,6 @@ pub struct RunSummary {
     pub failed: u64,
     /// Whether every in-flight record finished before the drain deadline.
     pub drained: bool,
-}
-
-/// Maps librdkafka's rejection of a property to a [`ConfigError`] naming that property.
-fn client_creation(which: &'static str) -> impl Fn(KafkaError) -> Error {
-    move |e| match e {
-        KafkaError::ClientConfig(_, desc, key, value) => {
-            Error::Config(ConfigError::new(key, format!("{desc} (value {value:?}, {which} client)")))
-        }
-        KafkaError::ClientCreation(msg) => Error::Config(ConfigError::new(which, msg)),
-        other => Error::Kafka(other),
-    }
-}
-
-fn consumer_config(config: &PipelineConfig) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("partition.assignment.strategy", "cooperative-sticky")
-        .set("auto.offset.reset", "earliest")
-        .set("enable.partition.eof", "false")
-        // librdkafka's default (1 s) idles a partition for a second whenever its prefetch queue was
-        // full, which a busy pipeline hits constantly.
-        .set("fetch.queue.backoff.ms", "20")
-        // Feeds the stall watchdog (`watchdog`).
-        .set("statistics.interval.ms", statistics_interval(config.stall_timeout).as_millis().to_string());
-    for (k, v) in config.kafka.iter().chain(&config.consumer) {
-        c.set(k, v);
-    }
-    c.set("bootstrap.servers", &config.bootstrap_servers)
-        .set("group.id", &config.group_id)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false");
-    if config.exactly_once_settings().is_some() {
-        // Never process another transaction's aborted or still-open records.
-        c.set("isolation.level", "read_committed");
-    }
-    c
-}
-
-/// The producer's `message.max.bytes` (librdkafka's default 1,000,000 when unset).
-fn max_message_bytes(config: &PipelineConfig) -> Result<usize, Error> {
-    match config.producer.get("message.max.bytes").or_else(|| config.kafka.get("message.max.bytes")) {
-        None => Ok(1_000_000),
-        Some(v) => v.trim().parse().map_err(|_| {
-            Error::Config(ConfigError::new("message.max.bytes", format!("{v:?} is not a number of bytes")))
-        }),
-    }
-}
-
-fn admin_config(config: &PipelineConfig) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    for (k, v) in &config.kafka {
-        c.set(k, v);
-    }
-    c.set("bootstrap.servers", &config.bootstrap_servers);
-    c
-}
-
-fn producer_config(config: &PipelineConfig) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("enable.idempotence", "true").set("acks", "all").set("linger.ms", "5");
-    for (k, v) in config.kafka.iter().chain(&config.producer) {
-        c.set(k, v);
-    }
-    c.set("bootstrap.servers", &config.bootstrap_servers);
-    c
-}
-
-/// Exactly-once mode's producer: the output producer's settings plus the transactional ones.
-fn transactional_producer_config(config: &PipelineConfig, eo: &crate::config::ExactlyOnce) -> ClientConfig {
-    let mut c = producer_config(config);
-    let id = config.transactional_id().unwrap_or_default();
-    c.set("transactional.id", id).set("transaction.timeout.ms", eo.transaction_timeout.as_millis().to_string());
-    c
 }
 
 /// The last partition handle looked up, valid while the assignment has not changed: records arrive in

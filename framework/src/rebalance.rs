@@ -10,7 +10,7 @@
 //! partitions' pending outputs are dropped. [`Hooks::rewind`] replaces a partition's task after an
 //! aborted transaction and seeks the consumer back to the last committed offset.
 
-use crate::kafka_log::KafkaLog;
+use crate::kafka::log::KafkaLog;
 use crate::partition::PartitionHandle;
 use crate::stats::Stats;
 use crate::transaction::{Transactions, TxnOutcome};

@@ -171,4 +171,18 @@ impl OutputRecord {
     pub fn byte_len(&self) -> usize {
         self.key.as_ref().map_or(0, Vec::len) + self.value.as_ref().map_or(0, Vec::len) + self.headers.byte_len()
     }
+
+    /// This record as rdkafka's `FutureRecord`, borrowing its bytes, for a producer of your own
+    /// (`millrace dlq replay` uses it to send DLQ records back).
+    ///
+    /// ```
+    /// use millrace::OutputRecord;
+    /// let out = OutputRecord::to("orders").key("customer-7").value("{}").header("trace", "abc");
+    /// let record = out.as_future_record();
+    /// assert_eq!(record.topic, "orders");
+    /// assert_eq!(record.key, Some(&b"customer-7"[..]));
+    /// ```
+    pub fn as_future_record(&self) -> rdkafka::producer::FutureRecord<'_, [u8], [u8]> {
+        crate::kafka::produce::fill(rdkafka::producer::FutureRecord::to(&self.topic), self)
+    }
 }

@@ -40,11 +40,11 @@
 use crate::config::ExactlyOnce;
 use crate::dedup_changelog::Dedup;
 use crate::error::Error;
+use crate::kafka::txn_producer::{FENCE_WINDOW, FENCES_TOLERATED, TxnClient, TxnProducer, is_outage};
 use crate::partition::PartitionHandle;
 use crate::rebalance::Hooks;
 use crate::rejected::{Produced, Source};
 use crate::stats::Stats;
-use crate::txn_producer::{FENCE_WINDOW, FENCES_TOLERATED, TxnClient, TxnProducer, is_outage};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer as _;

@@ -1,4 +1,12 @@
-//! Talking to Kafka below the record's path: creating the topics the pipeline writes to on its own
-//! (DLQ, dedup changelog).
+//! Everything that talks to librdkafka below the record's path: client settings
+//! ([`config`]), librdkafka's logs and errors ([`log`]), producing an
+//! [`OutputRecord`](crate::OutputRecord) and awaiting its acknowledgement ([`produce`]), exactly-once
+//! mode's transactional producer ([`txn_producer`]) and its check of output topics
+//! ([`output_topics`]), and the topics the pipeline creates on its own ([`topic`]).
 
+pub(crate) mod config;
+pub(crate) mod log;
+pub(crate) mod output_topics;
+pub(crate) mod produce;
 pub(crate) mod topic;
+pub(crate) mod txn_producer;

@@ -6,7 +6,7 @@
 //! with `NOT_LEADER_OR_FOLLOWER`. Another member (or another partition task of this one) that gets
 //! `TOPIC_ALREADY_EXISTS` may be even earlier. Writing in that window made librdkafka's idempotent
 //! producer report a refused record as delivered (issue 12, item 3; see
-//! [`crate::produce::confirmed`]), so [`ensure`] returns only once every partition answers a
+//! [`crate::kafka::produce::confirmed`]), so [`ensure`] returns only once every partition answers a
 //! `ListOffsets` request, which the broker serves from the partition's log.
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};

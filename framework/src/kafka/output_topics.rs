@@ -9,7 +9,7 @@
 //! later, or any other rejection, is handled in the transaction: see `rejected`.)
 
 use crate::error::EmitError;
-use crate::kafka_log::Producer;
+use crate::kafka::log::Producer;
 use rdkafka::producer::Producer as _;
 use rdkafka::types::RDKafkaRespErr;
 use std::collections::HashSet;

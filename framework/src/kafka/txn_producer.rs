@@ -18,7 +18,7 @@
 //! [`FENCE_WINDOW`] stop the pipeline with
 //! [`Error::TransactionalIdConflict`](crate::Error::TransactionalIdConflict).
 
-use crate::kafka_log::{KafkaLog, is_fatal};
+use crate::kafka::log::{KafkaLog, is_fatal};
 use crate::record::OutputRecord;
 use crate::rejected::{Rejections, Source};
 use rdkafka::ClientConfig;
@@ -57,7 +57,7 @@ pub(crate) struct TxnClient {
     /// When the recent fences without an outage happened.
     fences: Mutex<FenceHistory>,
     /// Set by the delivery callback when an output was reported delivered without an offset (see
-    /// [`crate::produce::confirmed`]): the open transaction may lack it and must not commit.
+    /// [`crate::kafka::produce::confirmed`]): the open transaction may lack it and must not commit.
     unconfirmed: Arc<AtomicBool>,
 }
 
@@ -152,27 +152,13 @@ impl TxnClient {
     /// output carries its input record (`source`) to its delivery report. An output librdkafka
     /// refuses at once for its record's sake is noted as rejected (see [`crate::rejected`]).
     pub(crate) fn send(&self, producer: &TxnProducer, out: &OutputRecord, source: Source) -> Result<(), KafkaError> {
-        let mut headers = crate::produce::kafka_headers(&out.headers);
-        let mut source = Box::new(source);
+        let mut record: BaseRecord<'_, [u8], [u8], Box<Source>> =
+            crate::kafka::produce::fill(BaseRecord::with_opaque_to(&out.topic, Box::new(source)), out);
         loop {
-            let mut record: BaseRecord<'_, [u8], [u8], Box<Source>> = BaseRecord::with_opaque_to(&out.topic, source);
-            if let Some(h) = headers.take() {
-                record = record.headers(h);
-            }
-            if let Some(k) = out.key.as_deref() {
-                record = record.key(k);
-            }
-            if let Some(v) = out.value.as_deref() {
-                record = record.payload(v);
-            }
-            if let Some(p) = out.partition {
-                record = record.partition(p);
-            }
             match producer.send(record) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    headers = back.headers;
-                    source = back.delivery_opaque;
+                    record = back;
                     // The producer's own thread drains the queue.
                     std::thread::sleep(Duration::from_micros(250));
                 }
@@ -293,7 +279,7 @@ impl ProducerContext for TxnHooks {
 
     fn delivery(&self, result: &DeliveryResult<'_>, source: Box<Source>) {
         if let Ok(message) = result
-            && !crate::produce::confirmed(message.offset())
+            && !crate::kafka::produce::confirmed(message.offset())
         {
             self.unconfirmed.store(true, Relaxed);
             tracing::warn!(

@@ -1,0 +1,98 @@
+//! Every librdkafka client's settings, built from a [`PipelineConfig`]: the framework's defaults
+//! first, the user's `kafka`/`consumer`/`producer` properties over them, and the settings the
+//! delivery contract depends on last (they cannot be overridden).
+
+use crate::config::{ExactlyOnce, PipelineConfig};
+use crate::error::{ConfigError, Error};
+use crate::watchdog::statistics_interval;
+use rdkafka::ClientConfig;
+use rdkafka::error::KafkaError;
+
+/// Maps librdkafka's rejection of a property to a [`ConfigError`] naming that property.
+pub(crate) fn client_creation(which: &'static str) -> impl Fn(KafkaError) -> Error {
+    move |e| match e {
+        KafkaError::ClientConfig(_, desc, key, value) => {
+            Error::Config(ConfigError::new(key, format!("{desc} (value {value:?}, {which} client)")))
+        }
+        KafkaError::ClientCreation(msg) => Error::Config(ConfigError::new(which, msg)),
+        other => Error::Kafka(other),
+    }
+}
+
+pub(crate) fn consumer_config(config: &PipelineConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("partition.assignment.strategy", "cooperative-sticky")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.partition.eof", "false")
+        // librdkafka's default (1 s) idles a partition for a second whenever its prefetch queue was
+        // full, which a busy pipeline hits constantly.
+        .set("fetch.queue.backoff.ms", "20")
+        // Feeds the stall watchdog (`watchdog`).
+        .set("statistics.interval.ms", statistics_interval(config.stall_timeout).as_millis().to_string());
+    for (k, v) in config.kafka.iter().chain(&config.consumer) {
+        c.set(k, v);
+    }
+    c.set("bootstrap.servers", &config.bootstrap_servers)
+        .set("group.id", &config.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false");
+    if config.exactly_once_settings().is_some() {
+        // Never process another transaction's aborted or still-open records.
+        c.set("isolation.level", "read_committed");
+    }
+    c
+}
+
+/// The producer's `message.max.bytes` (librdkafka's default 1,000,000 when unset).
+pub(crate) fn max_message_bytes(config: &PipelineConfig) -> Result<usize, Error> {
+    match config.producer.get("message.max.bytes").or_else(|| config.kafka.get("message.max.bytes")) {
+        None => Ok(1_000_000),
+        Some(v) => v.trim().parse().map_err(|_| {
+            Error::Config(ConfigError::new("message.max.bytes", format!("{v:?} is not a number of bytes")))
+        }),
+    }
+}
+
+pub(crate) fn admin_config(config: &PipelineConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    for (k, v) in &config.kafka {
+        c.set(k, v);
+    }
+    c.set("bootstrap.servers", &config.bootstrap_servers);
+    c
+}
+
+pub(crate) fn producer_config(config: &PipelineConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("enable.idempotence", "true").set("acks", "all").set("linger.ms", "5");
+    for (k, v) in config.kafka.iter().chain(&config.producer) {
+        c.set(k, v);
+    }
+    c.set("bootstrap.servers", &config.bootstrap_servers);
+    c
+}
+
+/// Exactly-once mode's producer: the output producer's settings plus the transactional ones.
+pub(crate) fn transactional_producer_config(config: &PipelineConfig, eo: &ExactlyOnce) -> ClientConfig {
+    let mut c = producer_config(config);
+    let id = config.transactional_id().unwrap_or_default();
+    c.set("transactional.id", id).set("transaction.timeout.ms", eo.transaction_timeout.as_millis().to_string());
+    c
+}
+
+/// The consumer that restores a partition's dedup keys from the changelog (its own group, never
+/// committed): read_committed, and an end-of-partition event, because in exactly-once mode the
+/// changelog is written in transactions, so its last offsets are commit markers that are never
+/// delivered.
+pub(crate) fn restore_consumer_config(config: &PipelineConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    for (k, v) in &config.kafka {
+        c.set(k, v);
+    }
+    c.set("bootstrap.servers", &config.bootstrap_servers)
+        .set("group.id", format!("{}.restore", config.group_id))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true");
+    c
+}
