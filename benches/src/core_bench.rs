@@ -11,7 +11,7 @@
 //!   poll it, do nothing with it, `store_offset_from_message` (offsets then committed in the
 //!   background by `enable.auto.commit`). It runs on its own thread. Timed from just before
 //!   `subscribe` (so group join is included, as for Millrace) to the N-th record.
-//! - **millrace**: a [`Pipeline`] in [`Ordering::Key`] with default [`Bounds`] and a
+//! - **millrace**: a [`Pipeline`] in [`ProcessingOrder::Key`] with default [`Bounds`] and a
 //!   no-op [`Processor`]; timed from spawning [`Pipeline::run`] to the moment its `processed`
 //!   counter reaches N (checked every 2 ms). Shutdown (drain, final commit, leaving the group) is
 //!   not timed.
@@ -38,7 +38,9 @@
 use crate::kafka::{self, LoadSpec, TopicArgs};
 use crate::measure::{Measurement, Stopwatch, Summary};
 use anyhow::{Context as _, bail};
-use millrace::{Bounds, Context, Ordering, Pipeline, PipelineConfig, ProcessError, Processor, Record, StatsSnapshot};
+use millrace::{
+    Bounds, Context, Pipeline, PipelineConfig, ProcessError, ProcessingOrder, Processor, Record, StatsSnapshot,
+};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::time::Duration;
@@ -298,7 +300,7 @@ impl Processor for Noop {
 async fn run_millrace(plan: &Plan, group: &str) -> anyhow::Result<(Measurement, String)> {
     let records = plan.records();
     let mut config =
-        PipelineConfig::new(&plan.bootstrap, group, [&plan.topic]).ordering(Ordering::Key).bounds(plan.bounds);
+        PipelineConfig::new(&plan.bootstrap, group, [&plan.topic]).ordering(ProcessingOrder::Key).bounds(plan.bounds);
     for (k, v) in &plan.consumer_properties {
         config = config.consumer_property(k, v);
     }

@@ -13,7 +13,7 @@
 //!   partition of its first occurrence, which is where real re-sends land.
 //!
 //! # The two sides
-//! - **nodedup**: a [`Pipeline`] in [`Ordering::Key`] with default bounds and the `core` benchmark's
+//! - **nodedup**: a [`Pipeline`] in [`ProcessingOrder::Key`] with default bounds and the `core` benchmark's
 //!   no-op processor, dedup off.
 //! - **dedup**: the same with `PipelineConfig::dedup(DedupConfig::new(dir))` (defaults: write-ahead
 //!   log on, no fsync per write, changelog on), a fresh RocksDB directory per run under a temporary
@@ -61,7 +61,7 @@ use crate::kafka::{self, LoadSpec, Planned, TopicArgs};
 use crate::measure::{Measurement, Stopwatch, Summary, machine_cpu, other_process_cpu};
 use anyhow::{Context as _, bail};
 use millrace::dedup::changelog_topic;
-use millrace::{DedupConfig, Ordering, Pipeline, PipelineConfig, StatsSnapshot};
+use millrace::{DedupConfig, Pipeline, PipelineConfig, ProcessingOrder, StatsSnapshot};
 use rand::RngExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -190,7 +190,7 @@ impl Plan {
     }
 
     fn config(&self, topic: &str, group: &str, dedup_dir: Option<&Path>) -> PipelineConfig {
-        let mut config = PipelineConfig::new(&self.bootstrap, group, [topic]).ordering(Ordering::Key);
+        let mut config = PipelineConfig::new(&self.bootstrap, group, [topic]).ordering(ProcessingOrder::Key);
         for (k, v) in &self.producer_properties {
             config = config.producer_property(k, v);
         }

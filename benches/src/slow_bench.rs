@@ -14,7 +14,7 @@
 //! # Runs
 //! A [`Pipeline`] with `Bounds::max_concurrency = --concurrency` (default 100; the other bounds are
 //! the defaults), a fresh consumer group per run, in these configurations:
-//! [`Ordering::Partition`]; [`Ordering::Key`] on each key-count topic; [`Ordering::Unordered`]
+//! [`ProcessingOrder::Partition`]; [`ProcessingOrder::Key`] on each key-count topic; [`ProcessingOrder::Unordered`]
 //! (Partition and Unordered read the 100-key topic, or the first one; their keys do not matter).
 //! The configurations run round-robin, `--pairs` times (default 2), and the summary gives the medians.
 //!
@@ -59,7 +59,7 @@ use crate::core_bench::load_average;
 use crate::kafka::{self, LoadSpec, Planned};
 use crate::measure::Summary;
 use anyhow::{Context as _, bail};
-use millrace::{Bounds, Context, Ordering, Pipeline, PipelineConfig, ProcessError, Processor, Record};
+use millrace::{Bounds, Context, Pipeline, PipelineConfig, ProcessError, ProcessingOrder, Processor, Record};
 use rand::{RngExt, SeedableRng};
 use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
@@ -132,11 +132,11 @@ impl Mode {
         }
     }
 
-    fn ordering(self) -> Ordering {
+    fn ordering(self) -> ProcessingOrder {
         match self {
-            Mode::Partition => Ordering::Partition,
-            Mode::Key(_) => Ordering::Key,
-            Mode::Unordered => Ordering::Unordered,
+            Mode::Partition => ProcessingOrder::Partition,
+            Mode::Key(_) => ProcessingOrder::Key,
+            Mode::Unordered => ProcessingOrder::Unordered,
         }
     }
 }

@@ -2,8 +2,9 @@
 //! a panic as a permanent failure, and retry transient failures under the [`RetryPolicy`]
 //! (crate::RetryPolicy) until it says stop.
 
+use crate::clock::now_ms;
 use crate::context::Context;
-use crate::dlq::{DlqErrorKind, Failure, now_ms};
+use crate::dlq::{DlqErrorKind, Failure};
 use crate::error::{Cause, ProcessError};
 use crate::pipeline::Shared;
 use crate::processor::Processor;

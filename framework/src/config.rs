@@ -12,7 +12,7 @@ pub const DEFAULT_BOOTSTRAP: &str = "127.0.0.1:9092";
 
 /// How records of one partition may run concurrently.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Ordering {
+pub enum ProcessingOrder {
     /// Records with the same key run one at a time in offset order; different keys run
     /// concurrently. Records with a null key are ordered by partition.
     #[default]
@@ -173,11 +173,11 @@ impl ExactlyOnce {
 /// `group.id`, `bootstrap.servers`) are owned by Millrace and rejected if set there.
 ///
 /// ```
-/// use millrace::{Ordering, PipelineConfig};
+/// use millrace::{ProcessingOrder, PipelineConfig};
 /// use std::time::Duration;
 ///
 /// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"])
-///     .ordering(Ordering::Key)
+///     .ordering(ProcessingOrder::Key)
 ///     .commit_interval(Duration::from_millis(500))
 ///     .consumer_property("session.timeout.ms", "10000");
 /// assert!(config.validate().is_ok());
@@ -196,7 +196,7 @@ pub struct PipelineConfig {
     /// Name reported in logs (and, later, DLQ headers). Defaults to the group id.
     pub name: String,
     /// Concurrency within a partition.
-    pub ordering: Ordering,
+    pub ordering: ProcessingOrder,
     /// In-flight limits.
     pub bounds: Bounds,
     /// How often the completed prefix is committed (also committed at revoke and shutdown). In
@@ -256,7 +256,7 @@ impl PipelineConfig {
             name: group_id.clone(),
             group_id,
             topics: topics.into_iter().map(Into::into).collect(),
-            ordering: Ordering::default(),
+            ordering: ProcessingOrder::default(),
             bounds: Bounds::default(),
             commit_interval: Duration::from_secs(1),
             commit_every_records: None,
@@ -281,7 +281,7 @@ impl PipelineConfig {
     }
 
     /// Sets the ordering mode.
-    pub fn ordering(mut self, ordering: Ordering) -> Self {
+    pub fn ordering(mut self, ordering: ProcessingOrder) -> Self {
         self.ordering = ordering;
         self
     }

@@ -127,7 +127,7 @@ pub(crate) async fn record<P: Processor>(
     key: &[u8],
     cancel: &CancellationToken,
 ) -> bool {
-    let now = crate::dlq::now_ms();
+    let now = crate::clock::now_ms();
     let mut attempt = 1;
     loop {
         match write(shared, dedup, record, key, now).await {

@@ -83,7 +83,7 @@ impl DedupStore {
         let (db, rebuilt) = match Self::open_db(dir, ttl_ms) {
             Ok(db) => (db, false),
             Err(e) if dir.exists() => {
-                let aside = PathBuf::from(format!("{}.corrupt-{}", dir.display(), crate::dlq::now_ms()));
+                let aside = PathBuf::from(format!("{}.corrupt-{}", dir.display(), crate::clock::now_ms()));
                 tracing::warn!(dir = %dir.display(), error = %e, aside = %aside.display(),
                     "dedup store unreadable; moved aside and rebuilding it from the changelog");
                 std::fs::rename(dir, &aside).map_err(|source| DedupError::Io { dir: dir.into(), source })?;
@@ -102,7 +102,7 @@ impl DedupStore {
     fn cf_options(ttl_ms: i64) -> Options {
         let mut o = Options::default();
         o.set_compaction_filter("millrace-ttl", move |_level: u32, key: &[u8], value: &[u8]| {
-            if key != CHANGELOG_POSITION && expired(value, ttl_ms, crate::dlq::now_ms()) {
+            if key != CHANGELOG_POSITION && expired(value, ttl_ms, crate::clock::now_ms()) {
                 Decision::Remove
             } else {
                 Decision::Keep
@@ -188,7 +188,7 @@ impl PartitionStore<'_> {
 
     /// Whether `key` was processed within the TTL, as of now.
     pub fn seen(&self, key: &[u8]) -> Result<bool, DedupError> {
-        self.seen_at(key, crate::dlq::now_ms())
+        self.seen_at(key, crate::clock::now_ms())
     }
 
     /// Whether `key` was processed within the TTL, as of `now_ms`.
@@ -261,7 +261,7 @@ mod tests {
         let d = dir("reopen");
         {
             let s = DedupStore::open(&d, Duration::from_secs(60), true).unwrap();
-            s.partition("t", 0).unwrap().record(b"k", crate::dlq::now_ms()).unwrap();
+            s.partition("t", 0).unwrap().record(b"k", crate::clock::now_ms()).unwrap();
             s.partition("t", 0).unwrap().set_changelog_position(42).unwrap();
         }
         let s = DedupStore::open(&d, Duration::from_secs(60), false).unwrap();
@@ -278,7 +278,7 @@ mod tests {
         let d = dir("ttl");
         let s = DedupStore::open(&d, Duration::from_millis(1_000), false).unwrap();
         let p = s.partition("t", 0).unwrap();
-        let now = crate::dlq::now_ms();
+        let now = crate::clock::now_ms();
         p.record(b"old", now - 5_000).unwrap();
         p.record(b"new", now).unwrap();
         p.set_changelog_position(7).unwrap();

@@ -225,11 +225,6 @@ fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-/// Milliseconds since the epoch, now.
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -57,6 +57,7 @@
 mod attempt;
 pub mod avro;
 mod breaker;
+mod clock;
 mod cluster;
 pub mod codec;
 pub mod config;
@@ -88,7 +89,7 @@ mod transaction;
 pub mod typed;
 mod watchdog;
 
-pub use config::{Bounds, CircuitBreakerConfig, Delivery, DlqConfig, ExactlyOnce, Ordering, PipelineConfig};
+pub use config::{Bounds, CircuitBreakerConfig, Delivery, DlqConfig, ExactlyOnce, PipelineConfig, ProcessingOrder};
 pub use context::Context;
 pub use dedup::{DedupConfig, DedupFallback};
 pub use error::{ConfigError, EmitError, Error, FailureKind, ProcessError, ResultExt};

@@ -86,12 +86,6 @@ impl OffsetTracker {
     pub fn pending(&self) -> usize {
         self.window.iter().filter(|(_, done)| !done).count()
     }
-
-    /// Forgets everything (used when a partition is re-positioned).
-    pub fn reset(&mut self) {
-        self.window.clear();
-        self.next = None;
-    }
 }
 
 #[cfg(test)]

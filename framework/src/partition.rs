@@ -13,7 +13,7 @@
 //! more: the handle was removed from the assignment, so their completions are never committed (I5).
 
 use crate::attempt::{Outcome, attempt_until_done};
-use crate::config::Ordering;
+use crate::config::ProcessingOrder;
 use crate::dead_letter::dead_letter;
 use crate::dedup_changelog;
 use crate::offsets::OffsetTracker;
@@ -48,11 +48,11 @@ pub(crate) enum LaneId {
 }
 
 impl LaneId {
-    pub(crate) fn of(ordering: Ordering, record: &Record) -> Self {
+    pub(crate) fn of(ordering: ProcessingOrder, record: &Record) -> Self {
         match (ordering, &record.key) {
-            (Ordering::Key, Some(key)) => LaneId::Key(FxBuildHasher.hash_one(key)),
-            (Ordering::Key, None) | (Ordering::Partition, _) => LaneId::Partition,
-            (Ordering::Unordered, _) => LaneId::Record(record.offset),
+            (ProcessingOrder::Key, Some(key)) => LaneId::Key(FxBuildHasher.hash_one(key)),
+            (ProcessingOrder::Key, None) | (ProcessingOrder::Partition, _) => LaneId::Partition,
+            (ProcessingOrder::Unordered, _) => LaneId::Record(record.offset),
         }
     }
 }
@@ -249,7 +249,7 @@ struct Stopping {
 struct PartitionTask<P> {
     shared: Arc<Shared<P>>,
     handle: Arc<PartitionHandle>,
-    ordering: Ordering,
+    ordering: ProcessingOrder,
     tracker: OffsetTracker,
     /// Present while a record of the lane runs; holds the lane's waiting records.
     lanes: FxHashMap<LaneId, VecDeque<Record>>,
@@ -700,11 +700,11 @@ mod tests {
     #[test]
     fn lanes_follow_the_ordering_mode() {
         let (a0, a1, b, null) = (rec(0, Some("a")), rec(1, Some("a")), rec(2, Some("b")), rec(3, None));
-        let key = |r| LaneId::of(Ordering::Key, r);
+        let key = |r| LaneId::of(ProcessingOrder::Key, r);
         assert_eq!(key(&a0), key(&a1), "same key, same lane");
         assert_ne!(key(&a0), key(&b), "different keys run concurrently");
         assert_eq!(key(&null), LaneId::Partition, "null keys are ordered by partition");
-        assert_eq!(LaneId::of(Ordering::Partition, &a0), LaneId::of(Ordering::Partition, &b));
-        assert_ne!(LaneId::of(Ordering::Unordered, &a0), LaneId::of(Ordering::Unordered, &a1));
+        assert_eq!(LaneId::of(ProcessingOrder::Partition, &a0), LaneId::of(ProcessingOrder::Partition, &b));
+        assert_ne!(LaneId::of(ProcessingOrder::Unordered, &a0), LaneId::of(ProcessingOrder::Unordered, &a1));
     }
 }

@@ -5,7 +5,7 @@ use crate::error::ProcessError;
 use crate::record::Record;
 use std::future::Future;
 
-/// Processes one record at a time per key (in [`Ordering::Key`](crate::Ordering::Key) mode).
+/// Processes one record at a time per key (in [`ProcessingOrder::Key`](crate::ProcessingOrder::Key) mode).
 ///
 /// Return `Ok(())` once the record's effects are done; the record then completes when every output it
 /// emitted is acknowledged, and only then can its offset be committed. Return

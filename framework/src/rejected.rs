@@ -26,7 +26,8 @@
 //! A rejected DLQ record or dedup changelog entry cannot be mended by dead-lettering: it stops the
 //! pipeline with an error naming the topic ([`Rejections::take_fatal`]) instead of looping.
 
-use crate::dlq::{DlqErrorKind, Failure, now_ms};
+use crate::clock::now_ms;
+use crate::dlq::{DlqErrorKind, Failure};
 use crate::record::Record;
 use crate::retry::RetryPolicy;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};

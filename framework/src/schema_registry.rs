@@ -3,7 +3,8 @@
 //! byte `0`, then the schema id as 4 bytes big-endian, then the Avro body).
 //!
 //! Any registry speaking the Confluent REST API works: Confluent Schema Registry, Karapace, or
-//! Apicurio under `/apis/ccompat/v7` (what `scripts/registry up` runs for development and tests).
+//! Apicurio under `/apis/ccompat/v7`. None is installable on the project's test machines, so the tests
+//! use an in-process double (`docs/schema-registry.md` says why).
 //!
 //! ```
 //! use millrace::schema_registry::{SchemaRegistry, SchemaRegistryConfig};
@@ -28,7 +29,7 @@ use std::time::Duration;
 /// The environment variable [`SchemaRegistryConfig::url_from_env`] reads.
 pub const URL_ENV: &str = "SCHEMA_REGISTRY_URL";
 
-/// The registry URL when [`URL_ENV`] is unset: the one `scripts/registry up` serves.
+/// The registry URL when [`URL_ENV`] is unset: Apicurio's Confluent-compatible API on its default port.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8081/apis/ccompat/v7";
 
 /// Where the schema registry is and how to talk to it.

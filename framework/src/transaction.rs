@@ -289,7 +289,7 @@ impl Transactions {
                 open.began = true;
                 Stats::bump(&self.stats.commits);
             }
-            let now = crate::dlq::now_ms();
+            let now = crate::clock::now_ms();
             for (offset, entry) in entries {
                 let source =
                     |what| Source { topic: h.topic.clone(), partition: h.partition, offset, alone: entry.alone, what };

@@ -13,7 +13,7 @@ use millrace::codec::{CodecError, Decode, Encode};
 use millrace::dlq::{self, DlqErrorKind, DlqInfo};
 use millrace::schema_registry::{SchemaRegistry, SchemaRegistryConfig, URL_ENV, wire};
 use millrace::typed::{EmitEncoded, Typed, TypedProcessor};
-use millrace::{Context, Ordering, Pipeline, PipelineConfig, ProcessError, Record, RetryPolicy};
+use millrace::{Context, Pipeline, PipelineConfig, ProcessError, ProcessingOrder, Record, RetryPolicy};
 use millrace_integration_tests::*;
 use millrace_registry_double::RegistryDouble;
 use serde::{Deserialize, Serialize};
@@ -172,7 +172,7 @@ where
     T: serde::de::DeserializeOwned + Clone + Send + Sync + 'static,
 {
     let (tx, mut seen) = watch::channel(Vec::new());
-    let config = PipelineConfig::new(bootstrap(), unique("avro-collect"), [topic]).ordering(Ordering::Partition);
+    let config = PipelineConfig::new(bootstrap(), unique("avro-collect"), [topic]).ordering(ProcessingOrder::Partition);
     let pipeline = Pipeline::new(config, Typed::new(Collect { seen: tx }, codec))?;
     let stop = pipeline.shutdown_token();
     let run = tokio::spawn(pipeline.run());
@@ -286,7 +286,7 @@ async fn avro_poison_corpus_lands_in_the_dlq_once_with_bytes_and_schema_id() -> 
     produce_raw(&topic, records).await?;
 
     let (tx, mut seen) = watch::channel(Vec::new());
-    let config = PipelineConfig::new(bootstrap(), &group, [&topic]).ordering(Ordering::Partition);
+    let config = PipelineConfig::new(bootstrap(), &group, [&topic]).ordering(ProcessingOrder::Partition);
     let pipeline = Pipeline::new(config, Typed::new(Orders { seen: tx }, codec))?;
     let (stop, stats) = (pipeline.shutdown_token(), pipeline.stats());
     let run = tokio::spawn(pipeline.run());
@@ -345,7 +345,7 @@ async fn a_registry_outage_is_retried_not_dead_lettered() -> Result<()> {
         max_delay: Duration::from_millis(200),
     };
     let config = PipelineConfig::new(bootstrap(), unique("avro-outage-group"), [&topic])
-        .ordering(Ordering::Partition)
+        .ordering(ProcessingOrder::Partition)
         .retry(policy);
     let pipeline = Pipeline::new(config, Typed::new(Orders { seen: tx }, Avro::new(&reader, ORDER_V1)?))?;
     let (stop, stats) = (pipeline.shutdown_token(), pipeline.stats());

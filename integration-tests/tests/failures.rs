@@ -5,8 +5,8 @@
 use anyhow::Result;
 use millrace::dlq::{DlqErrorKind, DlqInfo};
 use millrace::{
-    CircuitBreakerConfig, Context, DlqConfig, Ordering, Pipeline, PipelineConfig, ProcessError, Processor, Record,
-    RetryPolicy,
+    CircuitBreakerConfig, Context, DlqConfig, Pipeline, PipelineConfig, ProcessError, ProcessingOrder, Processor,
+    Record, RetryPolicy,
 };
 use millrace_integration_tests::*;
 use serde::Deserialize;
@@ -96,7 +96,7 @@ async fn poison_corpus_lands_in_the_dlq_byte_identical_and_the_partition_keeps_f
 
     let (tx, mut processed) = watch::channel(Vec::new());
     let config = PipelineConfig::new(bootstrap(), &group, [&topic])
-        .ordering(Ordering::Partition)
+        .ordering(ProcessingOrder::Partition)
         .producer_property("message.max.bytes", "2000000");
     let pipeline = Pipeline::new(config, Payments { processed: tx })?;
     let (stop, stats) = (pipeline.shutdown_token(), pipeline.stats());
@@ -368,7 +368,7 @@ async fn circuit_breaker_trips_on_a_burst_of_poison_and_reports_unhealthy() -> R
         cooldown: Duration::from_secs(600),
     };
     let config = PipelineConfig::new(bootstrap(), unique("breaker-group"), [&topic])
-        .ordering(Ordering::Partition)
+        .ordering(ProcessingOrder::Partition)
         .circuit_breaker(breaker);
     let pipeline = Pipeline::new(config, Payments { processed: tx })?;
     let (stop, stats) = (pipeline.shutdown_token(), pipeline.stats());

@@ -121,7 +121,7 @@ fn done_when(mode: Mode<'_>, s: &StatsSnapshot, records: u64) -> bool {
 
 /// Builds and drives one pipeline; returns its measurement and a line on its counters.
 pub async fn run(r: &Run<'_>) -> Result<(Measurement, String), NotRun> {
-    let config = PipelineConfig::new(r.bootstrap, r.group, [r.input]).ordering(millrace::Ordering::Key);
+    let config = PipelineConfig::new(r.bootstrap, r.group, [r.input]).ordering(millrace::ProcessingOrder::Key);
     let (config, poison_every) = match r.mode {
         Mode::Alos => (config, None),
         Mode::Dedup(dir) => (config.dedup(DedupConfig::new(dir)), None),

@@ -25,7 +25,7 @@ use clap::Parser;
 use millrace::codec::Utf8;
 use millrace::typed::{Typed, TypedProcessor};
 use millrace::{
-    Bounds, Context, DedupConfig, ExactlyOnce, Ordering, OutputRecord, Pipeline, PipelineConfig, ProcessError,
+    Bounds, Context, DedupConfig, ExactlyOnce, OutputRecord, Pipeline, PipelineConfig, ProcessError, ProcessingOrder,
     Processor, Record, Stats,
 };
 use std::collections::HashSet;
@@ -282,9 +282,9 @@ async fn main() -> Result<()> {
         .init();
     let args = Args::parse();
     let ordering = match args.ordering.as_str() {
-        "key" => Ordering::Key,
-        "partition" => Ordering::Partition,
-        "unordered" => Ordering::Unordered,
+        "key" => ProcessingOrder::Key,
+        "partition" => ProcessingOrder::Partition,
+        "unordered" => ProcessingOrder::Unordered,
         other => anyhow::bail!("--ordering: unknown mode {other:?}"),
     };
     let mut config = PipelineConfig::new(millrace_integration_tests::bootstrap(), &args.group, [&args.topic])
