@@ -19,6 +19,7 @@
 
 use crate::config::PipelineConfig;
 use crate::error::Error;
+use crate::retry::Backoff;
 use crate::stats::Stats;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -47,6 +48,7 @@ pub(crate) fn reach<C: ConsumerContext>(
     let started = Instant::now();
     let bootstrap = &config.bootstrap_servers;
     let mut reported = false;
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(1));
     loop {
         let attempt = Instant::now();
         match topics.lookup(consumer) {
@@ -77,7 +79,7 @@ pub(crate) fn reach<C: ConsumerContext>(
                         "cluster not reached yet (retrying; set startup_timeout to fail instead)");
                 }
                 // A refused connection fails at once: do not spin.
-                let pause = Duration::from_millis(200).saturating_sub(attempt.elapsed());
+                let pause = backoff.next_delay().saturating_sub(attempt.elapsed());
                 std::thread::sleep(pause);
             }
         }

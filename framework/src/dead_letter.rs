@@ -14,6 +14,7 @@ use crate::kafka::topic;
 use crate::pipeline::Shared;
 use crate::processor::Processor;
 use crate::record::Record;
+use crate::retry::Backoff;
 use crate::stats::Stats;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +31,7 @@ pub(crate) async fn dead_letter<P: Processor>(
     let topic = shared.config.dlq_topic(&record.topic);
     let out = dlq::dead_letter(record, &topic, &shared.config.group_id, shared.processor.name(), failure);
     let transactional = shared.handles.transactional;
-    let mut attempt = 1;
+    let mut backoff = Backoff::from_policy(&shared.config.retry, Duration::from_millis(100));
     loop {
         let result = match ensure_topic(shared, &record.topic, &topic).await {
             // Exactly-once: the DLQ record is produced in the transaction that commits its offset.
@@ -52,13 +53,9 @@ pub(crate) async fn dead_letter<P: Processor>(
                 shared.log.warn(&format!("DLQ produce to {topic} failed; the record stays uncommitted"), &e);
             }
         }
-        let ceiling = shared.config.retry.ceiling(attempt).max(Duration::from_millis(100));
-        let delay = Duration::from_nanos(rand::random_range(ceiling.as_nanos() as u64 / 2..=ceiling.as_nanos() as u64));
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = cancel.cancelled() => return Outcome::Abandoned,
+        if !backoff.wait(cancel).await {
+            return Outcome::Abandoned;
         }
-        attempt = attempt.saturating_add(1);
     }
 }
 

@@ -11,6 +11,7 @@ use crate::kafka::topic;
 use crate::pipeline::Shared;
 use crate::processor::Processor;
 use crate::record::{OutputRecord, Record};
+use crate::retry::Backoff;
 use crate::stats::Stats;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
@@ -128,18 +129,15 @@ pub(crate) async fn record<P: Processor>(
     cancel: &CancellationToken,
 ) -> bool {
     let now = crate::clock::now_ms();
-    let mut attempt = 1;
+    let mut backoff = Backoff::from_policy(&shared.config.retry, Duration::from_millis(100));
     loop {
         match write(shared, dedup, record, key, now).await {
             Ok(()) => return true,
             Err(e) => shared.log.warn("dedup write failed; the record stays uncommitted", &e),
         }
-        let delay = shared.config.retry.ceiling(attempt).max(Duration::from_millis(100));
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = cancel.cancelled() => return false,
+        if !backoff.wait(cancel).await {
+            return false;
         }
-        attempt = attempt.saturating_add(1);
     }
 }
 
@@ -201,9 +199,8 @@ pub(crate) async fn restore<P: Processor>(shared: &Arc<Shared<P>>, topic: &str, 
     }
     let started = Instant::now();
     let deadline = started + dedup.config.restore_timeout;
-    let mut attempt = 0u32;
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     loop {
-        attempt += 1;
         let (shared2, topic2) = (shared.clone(), topic.to_owned());
         let result = tokio::task::spawn_blocking(move || apply(&shared2, &topic2, partition, deadline))
             .await
@@ -234,8 +231,8 @@ pub(crate) async fn restore<P: Processor>(shared: &Arc<Shared<P>>, topic: &str, 
             }
             // A new changelog partition may have no leader yet, a leader may be moving: retry.
             Err(e) if Instant::now() < deadline => {
-                tracing::debug!(topic, partition, attempt, error = %e, "dedup restore failed; retrying");
-                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt.min(20)))).await;
+                tracing::debug!(topic, partition, failures = backoff.failures() + 1, error = %e, "dedup restore failed; retrying");
+                tokio::time::sleep(backoff.next_delay()).await;
             }
             Err(e) => {
                 tracing::warn!(topic, partition, error = %e, "dedup restore failed until its deadline; continuing without it");

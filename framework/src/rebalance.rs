@@ -12,6 +12,7 @@
 
 use crate::kafka::log::KafkaLog;
 use crate::partition::PartitionHandle;
+use crate::retry::Backoff;
 use crate::stats::Stats;
 use crate::transaction::{Transactions, TxnOutcome};
 use crate::watchdog::Watchdog;
@@ -184,13 +185,14 @@ impl Hooks {
         for h in handles {
             tpl.add_partition(&h.topic, h.partition);
         }
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         let committed = loop {
             match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
                 Ok(c) => break c,
                 Err(e) if stop.is_cancelled() => return Err(e),
                 Err(e) => {
                     tracing::warn!(pipeline = %self.name, error = %e, "fetching committed offsets failed; retrying");
-                    std::thread::sleep(Duration::from_millis(500));
+                    backoff.sleep();
                 }
             }
         };

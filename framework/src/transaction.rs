@@ -44,6 +44,7 @@ use crate::kafka::txn_producer::{FENCE_WINDOW, FENCES_TOLERATED, TxnClient, TxnP
 use crate::partition::PartitionHandle;
 use crate::rebalance::Hooks;
 use crate::rejected::{Produced, Source};
+use crate::retry::Backoff;
 use crate::stats::Stats;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -427,21 +428,20 @@ impl Transactions {
         mut call: impl FnMut(&TxnProducer) -> Result<(), KafkaError>,
     ) -> Option<TxnOutcome> {
         let deadline = Instant::now() + self.call_timeout();
-        let mut attempt = 0u32;
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
         loop {
             let e = match call(producer) {
                 Ok(()) => return None,
                 Err(e) => e,
             };
-            attempt += 1;
             if is_outage(&e) {
                 self.client.mark_outage();
             }
             match classify(&e) {
                 Class::Fatal => return Some(self.unusable(e)),
                 Class::Retry if Instant::now() < deadline => {
-                    tracing::warn!(pipeline = %self.name, attempt, error = %e, "{what} failed; retrying");
-                    std::thread::sleep(Duration::from_millis(100 * u64::from(attempt.min(10))));
+                    tracing::warn!(pipeline = %self.name, failures = backoff.failures() + 1, error = %e, "{what} failed; retrying");
+                    backoff.sleep();
                 }
                 _ => {
                     tracing::warn!(pipeline = %self.name, error = %e, "{what} failed; aborting the transaction");
@@ -464,21 +464,20 @@ impl Transactions {
         self.await_deliveries(producer);
         self.client.take_unconfirmed(); // nothing of this transaction will commit
         let deadline = started + self.call_timeout();
-        let mut attempt = 0u32;
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
         loop {
             let e = match producer.abort_transaction(self.call_timeout()) {
                 Ok(()) => break,
                 Err(e) => e,
             };
-            attempt += 1;
             if is_outage(&e) {
                 self.client.mark_outage();
             }
             match classify(&e) {
                 Class::Fatal => return self.unusable(e),
                 _ if Instant::now() < deadline && e.rdkafka_error_code() != Some(RDKafkaErrorCode::State) => {
-                    tracing::warn!(pipeline = %self.name, attempt, error = %e, "abort_transaction failed; retrying");
-                    std::thread::sleep(Duration::from_millis(100 * u64::from(attempt.min(10))));
+                    tracing::warn!(pipeline = %self.name, failures = backoff.failures() + 1, error = %e, "abort_transaction failed; retrying");
+                    backoff.sleep();
                 }
                 // Out of time, or a state in which librdkafka will not abort (a commit under way):
                 // whether the transaction committed is unknown.

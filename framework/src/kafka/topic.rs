@@ -9,6 +9,7 @@
 //! [`crate::kafka::produce::confirmed`]), so [`ensure`] returns only once every partition answers a
 //! `ListOffsets` request, which the broker serves from the partition's log.
 
+use crate::retry::Backoff;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
@@ -62,12 +63,13 @@ fn partition_count(admin: &AdminClient<DefaultClientContext>, topics: &[String])
 fn wait_writable(admin: &AdminClient<DefaultClientContext>, topic: &str) -> Result<(), String> {
     let client = admin.inner();
     let deadline = Instant::now() + READY_TIMEOUT;
+    let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
     let partitions = loop {
         let md = client.fetch_metadata(Some(topic), Duration::from_secs(10)).map_err(|e| e.to_string())?;
         match md.topics().first() {
             Some(t) if t.error().is_none() && !t.partitions().is_empty() => break t.partitions().len() as i32,
             _ if Instant::now() > deadline => return Err(format!("topic {topic} not in the metadata")),
-            _ => std::thread::sleep(Duration::from_millis(20)),
+            _ => backoff.sleep(),
         }
     };
     for p in 0..partitions {
@@ -77,7 +79,7 @@ fn wait_writable(admin: &AdminClient<DefaultClientContext>, topic: &str) -> Resu
                 Err(e) if Instant::now() > deadline => {
                     return Err(format!("topic {topic} partition {p} not ready after {READY_TIMEOUT:?}: {e}"));
                 }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                Err(_) => backoff.sleep(),
             }
         }
     }

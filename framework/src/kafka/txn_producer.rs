@@ -21,6 +21,7 @@
 use crate::kafka::log::{KafkaLog, is_fatal};
 use crate::record::OutputRecord;
 use crate::rejected::{Rejections, Source};
+use crate::retry::Backoff;
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
@@ -97,17 +98,16 @@ impl TxnClient {
     /// left open. Retried while the brokers are unreachable, until `stop`.
     pub(crate) fn init(&self, stop: &CancellationToken) -> Result<(), KafkaError> {
         let producer = self.get();
-        let mut attempt = 0u32;
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(2));
         loop {
             match producer.init_transactions(self.call_timeout) {
                 Ok(()) => return Ok(()),
                 Err(KafkaError::Transaction(r)) if r.is_fatal() => return Err(KafkaError::Transaction(r)),
                 Err(e) if stop.is_cancelled() => return Err(e),
                 Err(e) => {
-                    attempt += 1;
                     self.mark_outage();
-                    tracing::warn!(pipeline = %self.log.name, attempt, error = %e, "init_transactions failed; retrying");
-                    std::thread::sleep(Duration::from_millis(200 * u64::from(attempt.min(10))));
+                    tracing::warn!(pipeline = %self.log.name, failures = backoff.failures() + 1, error = %e, "init_transactions failed; retrying");
+                    backoff.sleep();
                 }
             }
         }
