@@ -7,7 +7,9 @@
 //! - [`pipeline`]: builds the clients; the poll thread polls a record and hands it to its partition.
 //! - `partition` (internal): one task per owned partition; tracks offsets and routes the record to its
 //!   key lane, running lanes concurrently.
-//! - `attempt` (internal): runs one record through the [`Processor`], with the [`retry`] policy.
+//! - `layer` (internal): the per-record concerns, one module each, in the order written once in
+//!   `layer/mod.rs`: circuit breaker, rejected outputs (exactly-once), dedup, the attempt loop
+//!   around the [`Processor`] under the [`retry`] policy, and the DLQ.
 //! - [`context`]: what the processor sees; emitted outputs must be acknowledged before completion.
 //! - [`offsets`]: the completed prefix of each partition, which is what gets committed.
 //! - `rebalance` (internal): assign, revoke (drain, commit, release) and lost partitions.
@@ -54,7 +56,6 @@
 //! }
 //! ```
 
-mod attempt;
 pub mod avro;
 mod breaker;
 mod clock;
@@ -62,7 +63,6 @@ mod cluster;
 pub mod codec;
 pub mod config;
 pub mod context;
-mod dead_letter;
 pub mod dedup;
 mod dedup_changelog;
 pub mod dedup_store;
@@ -73,6 +73,7 @@ pub mod guarantees {
     #![doc = include_str!("../../docs/guarantees.md")]
 }
 mod kafka;
+mod layer;
 pub mod offsets;
 mod partition;
 mod pending;

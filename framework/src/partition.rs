@@ -12,16 +12,14 @@
 //! running after the deadline finish in the background, but nothing reads this task's offsets any
 //! more: the handle was removed from the assignment, so their completions are never committed (I5).
 
-use crate::attempt::{Outcome, attempt_until_done};
 use crate::config::ProcessingOrder;
-use crate::dead_letter::dead_letter;
 use crate::dedup_changelog;
+use crate::layer::{self, Outcome, Processed};
 use crate::offsets::OffsetTracker;
 use crate::pending::{self, PendingOutputs};
 use crate::pipeline::Shared;
 use crate::processor::Processor;
 use crate::record::Record;
-use crate::rejected::Verdict;
 use crate::stats::Stats;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
@@ -434,90 +432,13 @@ impl<P: Processor> PartitionTask<P> {
         }
     }
 
-    /// The processing future of one record: waits for a concurrency permit, then runs the retry loop.
-    /// A record that fails for good is dead-lettered (when the DLQ is on) before it finishes.
+    /// The processing future of one record: every layer in order ([`crate::layer`]).
     fn process(&self, (lane, record): (LaneId, Record)) -> impl Future<Output = Finished> + Send + use<P> {
         let ctx = self.ctx.clone();
         async move {
             let TaskCtx { shared, handle, epoch, cancel } = &*ctx;
-            let epoch = *epoch;
-            let abandoned = |record: &Record| Finished {
-                lane,
-                offset: record.offset,
-                bytes: record.byte_len() as u64,
-                outcome: Outcome::Abandoned,
-                dedup_key: None,
-                alone: false,
-            };
-            if shared.stats.breaker_open.load(Relaxed) != 0 {
-                tokio::select! {
-                    _ = shared.breaker.closed(&shared.stats) => {}
-                    _ = cancel.cancelled() => return abandoned(&record),
-                }
-            }
-            // Exactly-once: a record whose output was rejected runs alone, or is dead-lettered.
-            let mut alone = false;
-            match shared.rejections.as_ref().map(|r| r.verdict(&record, &shared.config.retry)) {
-                None | Some(Verdict::Clean) => {}
-                Some(Verdict::Alone { delay }) => {
-                    alone = true;
-                    if !delay.is_zero() {
-                        tokio::select! {
-                            _ = tokio::time::sleep(delay) => {}
-                            _ = cancel.cancelled() => return abandoned(&record),
-                        }
-                    }
-                }
-                Some(Verdict::DeadLetter(failure)) => {
-                    tracing::warn!(
-                        pipeline = %shared.config.name, topic = %record.topic, partition = record.partition,
-                        offset = record.offset, error = %failure.message,
-                        "an output of the record can never be produced; it is not run again"
-                    );
-                    let outcome = failed(shared, &record, failure, cancel).await;
-                    let (offset, bytes) = (record.offset, record.byte_len() as u64);
-                    return Finished { lane, offset, bytes, outcome, dedup_key: None, alone: false };
-                }
-            }
-            let dedup = shared.dedup.as_ref().and_then(|d| Some((d, d.config.key_of(&record)?)));
-            let transactional = shared.handles.transactional;
-            let mut dedup_key = None;
-            let outcome = match dedup {
-                None => run(shared, epoch, &record, None, cancel).await,
-                Some((dedup, key)) => {
-                    // Never two records with the same idempotency key at once.
-                    let _held = tokio::select! {
-                        held = dedup.in_flight.hold(&key) => held,
-                        _ = cancel.cancelled() => return abandoned(&record),
-                    };
-                    // Exactly-once: a key whose transaction has not committed yet is not in the store.
-                    let seen = match transactional && handle.pending.has_key(&key) {
-                        true => Ok(true),
-                        false => dedup.store.partition(&record.topic, record.partition).and_then(|p| p.seen(&key)),
-                    };
-                    match seen {
-                        Ok(true) => Outcome::Duplicate,
-                        seen => {
-                            if let Err(e) = seen {
-                                shared.log.warn("dedup lookup failed; processing the record", &e.to_string());
-                            }
-                            match run(shared, epoch, &record, Some(&key), cancel).await {
-                                // Exactly-once: recorded when the record's transaction commits.
-                                Outcome::Done(outputs) if transactional => {
-                                    dedup_key = Some(key);
-                                    Outcome::Done(outputs)
-                                }
-                                Outcome::Done(_)
-                                    if !dedup_changelog::record(shared, dedup, &record, &key, cancel).await =>
-                                {
-                                    Outcome::Abandoned
-                                }
-                                outcome => outcome,
-                            }
-                        }
-                    }
-                }
-            };
+            let Processed { outcome, dedup_key, alone } =
+                layer::process(shared, &handle.pending, *epoch, &record, cancel).await;
             Finished { lane, offset: record.offset, bytes: record.byte_len() as u64, outcome, dedup_key, alone }
         }
     }
@@ -650,34 +571,6 @@ impl<P: Processor> PartitionTask<P> {
     fn release(&mut self, bytes: u64) {
         self.tally.released += 1;
         self.tally.released_bytes += bytes;
-    }
-}
-
-/// Runs a record: the retry loop (under the concurrency bound), then the DLQ for a record that failed
-/// for good (when the DLQ is on).
-async fn run<P: Processor>(
-    shared: &Arc<Shared<P>>,
-    epoch: u64,
-    record: &Record,
-    idempotency_key: Option<&[u8]>,
-    cancel: &CancellationToken,
-) -> Outcome {
-    match attempt_until_done(shared, epoch, record, idempotency_key, cancel).await {
-        Ok(outcome) => outcome,
-        Err(failure) => failed(shared, record, failure, cancel).await,
-    }
-}
-
-/// A record that failed for good: dead-lettered when the DLQ is on, else left uncommitted.
-async fn failed<P: Processor>(
-    shared: &Arc<Shared<P>>,
-    record: &Record,
-    failure: crate::dlq::Failure,
-    cancel: &CancellationToken,
-) -> Outcome {
-    match shared.config.dlq.enabled {
-        true => dead_letter(shared, record, &failure, cancel).await,
-        false => Outcome::Failed(failure),
     }
 }
 

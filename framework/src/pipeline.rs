@@ -141,7 +141,7 @@ impl<P> Shared<P> {
 /// # Ok(()) }
 /// ```
 pub struct Pipeline<P: Processor> {
-    shared: Arc<Shared<P>>,
+    pub(crate) shared: Arc<Shared<P>>,
     consumer: BaseConsumer<Hooks>,
     stop: CancellationToken,
 }

@@ -1,4 +1,5 @@
-//! Sending a failed record to its DLQ topic, until the broker acknowledges it.
+//! Layer 5, DLQ: a record that failed for good goes to its DLQ topic, until the broker acknowledges
+//! it (or, with the DLQ off, stays failed and uncommitted).
 //!
 //! The record stays unfinished (its offset is not committable) until the DLQ produce is acknowledged;
 //! a failed produce is retried with the pipeline's backoff, forever, until it succeeds or the
@@ -7,10 +8,10 @@
 //! count. In exactly-once mode the DLQ record is not produced here but returned, to be produced in
 //! the transaction that commits the record's offset.
 
-use crate::attempt::Outcome;
 use crate::dlq::{self, Failure};
 use crate::kafka::produce::produce;
 use crate::kafka::topic;
+use crate::layer::Outcome;
 use crate::pipeline::Shared;
 use crate::processor::Processor;
 use crate::record::Record;
@@ -20,9 +21,22 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// A record that failed for good: dead-lettered when the DLQ is on, else left uncommitted.
+pub(crate) async fn failed<P: Processor>(
+    shared: &Arc<Shared<P>>,
+    record: &Record,
+    failure: Failure,
+    cancel: &CancellationToken,
+) -> Outcome {
+    match shared.config.dlq.enabled {
+        true => dead_letter(shared, record, &failure, cancel).await,
+        false => Outcome::Failed(failure),
+    }
+}
+
 /// Dead-letters `record`. Returns [`Outcome::DeadLettered`] once acknowledged, or
 /// [`Outcome::Abandoned`] if `cancel` fired first.
-pub(crate) async fn dead_letter<P: Processor>(
+async fn dead_letter<P: Processor>(
     shared: &Arc<Shared<P>>,
     record: &Record,
     failure: &Failure,

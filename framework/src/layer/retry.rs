@@ -1,35 +1,20 @@
-//! The retry *loop* around one record: run the processor, await its outputs' acknowledgements, catch
-//! a panic as a permanent failure, and retry transient failures under the [`RetryPolicy`]
-//! (crate::RetryPolicy) until it says stop.
+//! Layer 4, retry: the attempt loop around the processor call. Each attempt takes a concurrency
+//! permit, runs the processor, awaits its outputs' acknowledgements and catches a panic as a
+//! permanent failure; transient failures are retried under the [`RetryPolicy`](crate::RetryPolicy)
+//! until it says stop.
 
 use crate::clock::now_ms;
 use crate::context::Context;
 use crate::dlq::{DlqErrorKind, Failure};
 use crate::error::{Cause, ProcessError};
+use crate::layer::Outcome;
 use crate::pipeline::Shared;
 use crate::processor::Processor;
-use crate::record::{OutputRecord, Record};
+use crate::record::Record;
 use crate::stats::Stats;
 use futures::FutureExt;
 use std::panic::AssertUnwindSafe;
 use tokio_util::sync::CancellationToken;
-
-/// How a record's processing ended.
-#[derive(Debug)]
-pub(crate) enum Outcome {
-    /// Processed; every output acknowledged (at-least-once), or kept here for the transaction
-    /// (exactly-once).
-    Done(Vec<OutputRecord>),
-    /// Failed permanently or ran out of attempts; not dead-lettered (DLQ off), so left uncommitted.
-    Failed(Failure),
-    /// Failed for good and written to the DLQ (at-least-once), or with its DLQ record kept here for
-    /// the transaction (exactly-once): its offset completes.
-    DeadLettered(Vec<OutputRecord>),
-    /// Skipped: its idempotency key was already processed. Its offset completes.
-    Duplicate,
-    /// Shutdown or revoke interrupted a retry: left unfinished, to be redelivered.
-    Abandoned,
-}
 
 /// Runs `record` through the processor until it succeeds (`Ok`), fails for good (`Err` with how), or
 /// `cancel` (shutdown, revoke) interrupts a backoff (`Ok(Outcome::Abandoned)`).

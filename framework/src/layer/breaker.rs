@@ -1,0 +1,19 @@
+//! Layer 1, the circuit breaker: a record waits while the breaker is open, so that a flood of
+//! failures stops at once rather than after the records already polled. The breaker's state and
+//! its decisions are [`crate::breaker`]'s.
+
+use crate::pipeline::Shared;
+use crate::processor::Processor;
+use std::sync::atomic::Ordering::Relaxed;
+use tokio_util::sync::CancellationToken;
+
+/// Returns once the breaker is closed; `false` when `cancel` fired first.
+pub(crate) async fn closed<P: Processor>(shared: &Shared<P>, cancel: &CancellationToken) -> bool {
+    if shared.stats.breaker_open.load(Relaxed) == 0 {
+        return true;
+    }
+    tokio::select! {
+        _ = shared.breaker.closed(&shared.stats) => true,
+        _ = cancel.cancelled() => false,
+    }
+}

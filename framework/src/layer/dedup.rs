@@ -1,0 +1,93 @@
+//! Layer 3, with the dedup store on: never two records with the same idempotency key at once; a
+//! key already processed is skipped; after the effect the key is recorded (at-least-once: changelog
+//! first, then the local store, before the offset completes; exactly-once: when the record's
+//! transaction commits). The store and the changelog are [`crate::dedup_store`]'s and
+//! [`crate::dedup_changelog`]'s.
+
+use super::Outcome;
+use crate::dedup::KeyGuard;
+use crate::dedup_changelog::{self, Dedup};
+use crate::pending::PendingOutputs;
+use crate::pipeline::Shared;
+use crate::processor::Processor;
+use crate::record::Record;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// What the store says of a record before it runs.
+pub(crate) enum Check<'a> {
+    /// The dedup store is off, or the record has no idempotency key.
+    Off,
+    /// Its key was processed already: skip it.
+    Duplicate,
+    /// Not seen: run it while holding its key, then [`Held::after`].
+    Fresh(Held<'a>),
+    /// `cancel` fired while waiting for another record with the same key.
+    Abandoned,
+}
+
+/// A key held for one record's run.
+pub(crate) struct Held<'a> {
+    dedup: &'a Dedup,
+    key: Vec<u8>,
+    _guard: KeyGuard,
+}
+
+/// Holds `record`'s idempotency key (waiting for another record with the same key to finish) and
+/// looks it up. A failed lookup is logged and the record runs.
+pub(crate) async fn check<'a, P: Processor>(
+    shared: &'a Shared<P>,
+    pending: &PendingOutputs,
+    record: &Record,
+    cancel: &CancellationToken,
+) -> Check<'a> {
+    let Some((dedup, key)) = shared.dedup.as_ref().and_then(|d| Some((d, d.config.key_of(record)?))) else {
+        return Check::Off;
+    };
+    let guard = tokio::select! {
+        held = dedup.in_flight.hold(&key) => held,
+        _ = cancel.cancelled() => return Check::Abandoned,
+    };
+    // Exactly-once: a key whose transaction has not committed yet is not in the store.
+    let seen = match shared.handles.transactional && pending.has_key(&key) {
+        true => Ok(true),
+        false => dedup.store.partition(&record.topic, record.partition).and_then(|p| p.seen(&key)),
+    };
+    match seen {
+        Ok(true) => Check::Duplicate,
+        Ok(false) => Check::Fresh(Held { dedup, key, _guard: guard }),
+        Err(e) => {
+            shared.log.warn("dedup lookup failed; processing the record", &e.to_string());
+            Check::Fresh(Held { dedup, key, _guard: guard })
+        }
+    }
+}
+
+impl Held<'_> {
+    /// The idempotency key.
+    pub(crate) fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// Records the key of a record that took effect; returns the outcome, and in exactly-once mode
+    /// the key to record when the transaction commits. A changelog write interrupted by `cancel`
+    /// leaves the record unfinished (redelivered later).
+    pub(crate) async fn after<P: Processor>(
+        self,
+        shared: &Arc<Shared<P>>,
+        record: &Record,
+        outcome: Outcome,
+        cancel: &CancellationToken,
+    ) -> (Outcome, Option<Vec<u8>>) {
+        match outcome {
+            Outcome::Done(outputs) if shared.handles.transactional => (Outcome::Done(outputs), Some(self.key)),
+            Outcome::Done(outputs) => {
+                match dedup_changelog::record(shared, self.dedup, record, &self.key, cancel).await {
+                    true => (Outcome::Done(outputs), None),
+                    false => (Outcome::Abandoned, None),
+                }
+            }
+            outcome => (outcome, None),
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! The path of one record through the per-record concerns, each a module of its own, in this order
+//! (the only place it is written):
+//!
+//! 1. [`breaker`]: wait while the circuit breaker is open (records already polled do not start).
+//! 2. [`rejected`] (exactly-once): a record whose output the broker rejected runs alone, or goes
+//!    straight to the DLQ without running again.
+//! 3. [`dedup`] (with the dedup store): hold the idempotency key, skip a key already processed, and
+//!    record the key after the effect.
+//! 4. [`retry`]: the attempt loop around the processor call, under the concurrency bound.
+//! 5. [`dlq`]: a record that failed for good goes to the DLQ (or, with the DLQ off, stays failed).
+//!
+//! What a layer decides is returned as a value ([`Outcome`], [`rejected::Gate`], [`dedup::Check`]),
+//! so the order reads top to bottom in [`process`]. Offsets, lanes and the transaction are the
+//! partition task's business; a layer only says how the record ended.
+
+pub(crate) mod breaker;
+pub(crate) mod dedup;
+pub(crate) mod dlq;
+pub(crate) mod rejected;
+pub(crate) mod retry;
+
+use crate::dlq::Failure;
+use crate::pending::PendingOutputs;
+use crate::pipeline::Shared;
+use crate::processor::Processor;
+use crate::record::{OutputRecord, Record};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// How a record's processing ended.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Processed; every output acknowledged (at-least-once), or kept here for the transaction
+    /// (exactly-once).
+    Done(Vec<OutputRecord>),
+    /// Failed permanently or ran out of attempts; not dead-lettered (DLQ off), so left uncommitted.
+    Failed(Failure),
+    /// Failed for good and written to the DLQ (at-least-once), or with its DLQ record kept here for
+    /// the transaction (exactly-once): its offset completes.
+    DeadLettered(Vec<OutputRecord>),
+    /// Skipped: its idempotency key was already processed. Its offset completes.
+    Duplicate,
+    /// Shutdown or revoke interrupted a retry: left unfinished, to be redelivered.
+    Abandoned,
+}
+
+/// What the layers made of one record.
+#[derive(Debug)]
+pub(crate) struct Processed {
+    /// How it ended.
+    pub(crate) outcome: Outcome,
+    /// Exactly-once with the dedup store: its idempotency key, recorded when its transaction commits.
+    pub(crate) dedup_key: Option<Vec<u8>>,
+    /// Exactly-once: it ran with its outputs produced alone (an output was rejected before).
+    pub(crate) alone: bool,
+}
+
+impl Processed {
+    fn ended(outcome: Outcome) -> Self {
+        Self { outcome, dedup_key: None, alone: false }
+    }
+}
+
+/// Runs `record` through every layer, in order. `pending` is its partition's exactly-once buffer (a
+/// key whose transaction has not committed yet is there, not in the dedup store).
+pub(crate) async fn process<P: Processor>(
+    shared: &Arc<Shared<P>>,
+    pending: &PendingOutputs,
+    epoch: u64,
+    record: &Record,
+    cancel: &CancellationToken,
+) -> Processed {
+    // 1. The circuit breaker.
+    if !breaker::closed(shared, cancel).await {
+        return Processed::ended(Outcome::Abandoned);
+    }
+    // 2. Rejected outputs (exactly-once).
+    let alone = match rejected::gate(shared, record, cancel).await {
+        rejected::Gate::Run { alone } => alone,
+        rejected::Gate::Abandoned => return Processed::ended(Outcome::Abandoned),
+        rejected::Gate::DeadLetter(failure) => {
+            return Processed::ended(dlq::failed(shared, record, failure, cancel).await);
+        }
+    };
+    // 3. Dedup, around 4 and 5.
+    let (outcome, dedup_key) = match dedup::check(shared, pending, record, cancel).await {
+        dedup::Check::Off => (run(shared, epoch, record, None, cancel).await, None),
+        dedup::Check::Abandoned => (Outcome::Abandoned, None),
+        dedup::Check::Duplicate => (Outcome::Duplicate, None),
+        dedup::Check::Fresh(held) => {
+            let outcome = run(shared, epoch, record, Some(held.key()), cancel).await;
+            held.after(shared, record, outcome, cancel).await
+        }
+    };
+    Processed { outcome, dedup_key, alone }
+}
+
+/// 4 and 5: the attempt loop, then the DLQ for a record that failed for good.
+async fn run<P: Processor>(
+    shared: &Arc<Shared<P>>,
+    epoch: u64,
+    record: &Record,
+    idempotency_key: Option<&[u8]>,
+    cancel: &CancellationToken,
+) -> Outcome {
+    match retry::attempt_until_done(shared, epoch, record, idempotency_key, cancel).await {
+        Ok(outcome) => outcome,
+        Err(failure) => dlq::failed(shared, record, failure, cancel).await,
+    }
+}
+
+/// Each layer without a broker: a pipeline's clients are created but never connect.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Context, DedupConfig, DlqConfig, Pipeline, PipelineConfig, ProcessError, RetryPolicy};
+    use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+    use std::time::Duration;
+
+    /// Fails its first `failures` calls (transiently, or permanently), then succeeds; counts calls.
+    struct Flaky {
+        failures: u32,
+        permanent: bool,
+        calls: AtomicU32,
+    }
+
+    impl Processor for Flaky {
+        async fn process(&self, _: &Record, _: &Context) -> Result<(), ProcessError> {
+            let n = self.calls.fetch_add(1, Relaxed) + 1;
+            match (n <= self.failures, self.permanent) {
+                (false, _) => Ok(()),
+                (true, false) => Err(ProcessError::transient("not yet")),
+                (true, true) => Err(ProcessError::permanent("never")),
+            }
+        }
+    }
+
+    fn shared(
+        failures: u32,
+        permanent: bool,
+        config: impl FnOnce(PipelineConfig) -> PipelineConfig,
+    ) -> Arc<Shared<Flaky>> {
+        let retry =
+            RetryPolicy { max_attempts: 3, base_delay: Duration::from_millis(1), max_delay: Duration::from_millis(2) };
+        let config = config(PipelineConfig::new("127.0.0.1:1", "layers", ["t"]).retry(retry));
+        let processor = Flaky { failures, permanent, calls: AtomicU32::new(0) };
+        Pipeline::new(config, processor).expect("clients are created without a broker").shared
+    }
+
+    fn record(offset: i64, key: &str) -> Record {
+        let mut r = Record {
+            topic: "t".into(),
+            partition: 0,
+            offset,
+            timestamp: None,
+            key: None,
+            value: None,
+            headers: Default::default(),
+        };
+        r.headers.push("idempotency-key", key);
+        r
+    }
+
+    async fn run_one(shared: &Arc<Shared<Flaky>>, record: &Record, cancel: &CancellationToken) -> Processed {
+        process(shared, &PendingOutputs::default(), 1, record, cancel).await
+    }
+
+    #[tokio::test]
+    async fn transient_failures_are_retried_until_done() {
+        let s = shared(2, false, |c| c);
+        let done = run_one(&s, &record(0, "a"), &CancellationToken::new()).await;
+        assert!(matches!(done.outcome, Outcome::Done(_)), "{done:?}");
+        assert_eq!((s.processor.calls.load(Relaxed), s.stats.retries.load(Relaxed)), (3, 2));
+    }
+
+    #[tokio::test]
+    async fn a_failure_for_good_stays_failed_with_the_dlq_off() {
+        let s = shared(1, true, |c| c.dlq(DlqConfig { enabled: false, ..DlqConfig::default() }));
+        let done = run_one(&s, &record(0, "a"), &CancellationToken::new()).await;
+        let Outcome::Failed(failure) = done.outcome else { panic!("{done:?}") };
+        assert_eq!((failure.kind, failure.attempts), (crate::dlq::DlqErrorKind::Permanent, 1), "permanent: no retry");
+    }
+
+    #[tokio::test]
+    async fn exhausted_retries_end_the_record_transient_exhausted() {
+        let s = shared(10, false, |c| c.dlq(DlqConfig { enabled: false, ..DlqConfig::default() }));
+        let done = run_one(&s, &record(0, "a"), &CancellationToken::new()).await;
+        let Outcome::Failed(failure) = done.outcome else { panic!("{done:?}") };
+        assert_eq!((failure.kind, failure.attempts), (crate::dlq::DlqErrorKind::TransientExhausted, 3));
+    }
+
+    #[tokio::test]
+    async fn a_key_processed_once_is_a_duplicate_after() {
+        let dir =
+            std::env::temp_dir().join(format!("millrace-layers-{}-{:x}", std::process::id(), rand::random::<u32>()));
+        let s = shared(0, false, |c| c.dedup(DedupConfig { changelog: false, ..DedupConfig::new(&dir) }));
+        let cancel = CancellationToken::new();
+        assert!(matches!(run_one(&s, &record(0, "order-1"), &cancel).await.outcome, Outcome::Done(_)));
+        assert!(matches!(run_one(&s, &record(1, "order-1"), &cancel).await.outcome, Outcome::Duplicate));
+        assert!(matches!(run_one(&s, &record(2, "order-2"), &cancel).await.outcome, Outcome::Done(_)));
+        assert_eq!(s.processor.calls.load(Relaxed), 2, "the duplicate never reached the processor");
+        drop(s);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[tokio::test]
+    async fn an_open_breaker_holds_records_until_cancelled() {
+        let breaker = crate::CircuitBreakerConfig { enabled: true, max_consecutive: 1, ..Default::default() };
+        let s = shared(0, false, |c| c.circuit_breaker(breaker));
+        assert!(s.breaker.record(1, true, &s.stats, "layers"), "one dead-lettered record trips it");
+        let cancel = CancellationToken::new();
+        let stop = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            stop.cancel();
+        });
+        let done = run_one(&s, &record(0, "a"), &cancel).await;
+        assert!(matches!(done.outcome, Outcome::Abandoned), "{done:?}");
+        assert_eq!(s.processor.calls.load(Relaxed), 0, "nothing ran while the breaker was open");
+    }
+}
