@@ -78,6 +78,7 @@ pub mod offsets;
 mod partition;
 mod pending;
 pub mod pipeline;
+mod poll;
 pub mod processor;
 mod rebalance;
 pub mod record;

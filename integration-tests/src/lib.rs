@@ -156,9 +156,25 @@ pub fn committed_offsets(group: &str, topic: &str, partitions: i32) -> Result<BT
 }
 
 /// The high watermark (end offset) per partition.
+/// A partition whose leader is moving or not loaded yet (right after a broker restart, or a topic's
+/// creation) is asked again, for up to 30 s.
 pub fn end_offsets(topic: &str, partitions: i32) -> Result<BTreeMap<i32, i64>> {
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode::*};
     let consumer = plain_consumer(None)?;
-    (0..partitions).map(|p| Ok((p, consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?.1))).collect()
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut ends = BTreeMap::new();
+    for p in 0..partitions {
+        let end = loop {
+            match consumer.fetch_watermarks(topic, p, Duration::from_secs(10)) {
+                Err(KafkaError::MetadataFetch(
+                    NotLeaderForPartition | LeaderNotAvailable | UnknownTopicOrPartition | NotCoordinator,
+                )) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+                other => break other?.1,
+            }
+        };
+        ends.insert(p, end);
+    }
+    Ok(ends)
 }
 
 /// Polls `check` every 50 ms until it returns `Some`, or fails after `timeout` with `what` (used only
