@@ -3,121 +3,23 @@
 //! and a partition's keys are restored from it when the partition is assigned, so that a partition
 //! moving to an instance with an empty disk still rejects duplicates.
 
-use crate::dedup::{DedupConfig, InFlightKeys, changelog_topic};
-use crate::dedup_store::DedupStore;
+use crate::dedup_runtime::{Dedup, SOURCE_TOPIC_HEADER};
 use crate::kafka::config::restore_consumer_config;
 use crate::kafka::produce::{confirmed, enqueue};
 use crate::kafka::topic;
-use crate::pipeline::Shared;
 use crate::processor::Processor;
-use crate::record::{OutputRecord, Record};
+use crate::record::Record;
 use crate::retry::Backoff;
+use crate::shared::Shared;
 use crate::stats::Stats;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers as _, Message};
 use rdkafka::{Offset, TopicPartitionList};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-
-/// Header naming the source topic of a changelog entry.
-pub const SOURCE_TOPIC_HEADER: &str = "millrace.source-topic";
-
-/// Everything dedup needs at run time.
-pub(crate) struct Dedup {
-    pub(crate) config: DedupConfig,
-    pub(crate) store: DedupStore,
-    pub(crate) in_flight: Arc<InFlightKeys>,
-    pub(crate) changelog: String,
-    changelog_ready: AtomicBool,
-    /// Per topic-partition: the next changelog offset known to be applied locally, and how many
-    /// writes happened since it was last saved. Saved every [`SAVE_POSITION_EVERY`] writes and when
-    /// the partition stops: a stale saved position only makes a restore re-apply entries, which is
-    /// harmless.
-    positions: Mutex<HashMap<(String, i32), (i64, u32)>>,
-}
-
-/// Changelog writes between two saves of the changelog position.
-const SAVE_POSITION_EVERY: u32 = 1_000;
-
-impl Dedup {
-    /// Notes that the changelog of `topic`/`partition` is applied up to `next`; saves it now and
-    /// then.
-    fn note_position(&self, topic: &str, partition: i32, next: i64) -> Result<(), String> {
-        let save = {
-            let mut positions = self.positions.lock().unwrap_or_else(|p| p.into_inner());
-            let (pos, unsaved) = positions.entry((topic.to_owned(), partition)).or_insert((0, 0));
-            *pos = (*pos).max(next);
-            *unsaved += 1;
-            (*unsaved >= SAVE_POSITION_EVERY).then(|| {
-                *unsaved = 0;
-                *pos
-            })
-        };
-        match save {
-            Some(next) => self.save_position(topic, partition, next),
-            None => Ok(()),
-        }
-    }
-
-    fn save_position(&self, topic: &str, partition: i32, next: i64) -> Result<(), String> {
-        self.store.partition(topic, partition).and_then(|p| p.set_changelog_position(next)).map_err(|e| e.to_string())
-    }
-
-    /// Saves the partition's changelog position (when the partition stops).
-    pub(crate) fn save_position_of(&self, topic: &str, partition: i32) {
-        let pending = self.positions.lock().unwrap_or_else(|p| p.into_inner()).remove(&(topic.to_owned(), partition));
-        if let Some((next, unsaved)) = pending
-            && unsaved > 0
-            && let Err(e) = self.save_position(topic, partition, next)
-        {
-            tracing::warn!(topic, partition, error = %e, "saving the dedup changelog position failed");
-        }
-    }
-
-    /// The changelog record of `key`, recorded at `now` for `topic`/`partition`.
-    pub(crate) fn changelog_entry(&self, topic: &str, partition: i32, key: &[u8], now: i64) -> OutputRecord {
-        OutputRecord::to(&self.changelog)
-            .partition(partition)
-            .key(key.to_vec())
-            .value(now.to_be_bytes().to_vec())
-            .header(SOURCE_TOPIC_HEADER, topic.as_bytes().to_vec())
-    }
-
-    /// Exactly-once: records the keys of a committed transaction in the local store, in one write;
-    /// `partitions` gives each partition's `(key, first seen)` pairs.
-    pub(crate) fn record_committed<'k, K>(
-        &self,
-        partitions: impl IntoIterator<Item = (&'k str, i32, K)>,
-    ) -> Result<(), crate::dedup_store::DedupError>
-    where
-        K: IntoIterator<Item = (&'k [u8], i64)>,
-    {
-        let mut batch = self.store.batch();
-        for (topic, partition, keys) in partitions {
-            let part = self.store.partition(topic, partition)?;
-            for (key, at) in keys {
-                batch.record(&part, key, at);
-            }
-        }
-        batch.write()
-    }
-
-    pub(crate) fn open(config: DedupConfig, group: &str) -> Result<Self, crate::dedup_store::DedupError> {
-        let store = DedupStore::open(&config.dir, config.ttl, config.sync_writes)?;
-        Ok(Self {
-            changelog: changelog_topic(group),
-            config,
-            store,
-            in_flight: Arc::default(),
-            changelog_ready: AtomicBool::new(false),
-            positions: Mutex::default(),
-        })
-    }
-}
 
 /// Records `key` as processed: locally, then in the changelog (acknowledged), retrying until it is
 /// done or `cancel` fires. Returns whether it was recorded.

@@ -7,10 +7,10 @@ use crate::cluster::TopicWatch;
 use crate::error::Error;
 use crate::kafka::log::is_fatal;
 use crate::partition::PartitionHandle;
-use crate::pipeline::{POLL_WAIT, RunSummary, Shared};
 use crate::processor::Processor;
 use crate::rebalance::{Hooks, commit_now};
 use crate::record::Record;
+use crate::shared::{POLL_WAIT, Shared};
 use crate::stats::Stats;
 use crate::transaction::TxnOutcome;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -27,6 +27,17 @@ pub(crate) const RECOMMIT_EVERY: Duration = Duration::from_secs(5);
 
 /// Records handed to a partition task in one message, at most.
 const BATCH: usize = 512;
+
+/// What a finished run did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunSummary {
+    /// Records processed successfully.
+    pub processed: u64,
+    /// Records that failed (left uncommitted).
+    pub failed: u64,
+    /// Whether every in-flight record finished before the drain deadline.
+    pub drained: bool,
+}
 
 /// The last partition handle looked up, valid while the assignment has not changed: records arrive in
 /// runs from one partition, so this saves a locked map lookup per record.

@@ -38,7 +38,7 @@
 //! Dedup keys reach the local store only after their transaction committed.
 
 use crate::config::ExactlyOnce;
-use crate::dedup_changelog::Dedup;
+use crate::dedup_runtime::Dedup;
 use crate::error::Error;
 use crate::kafka::txn_producer::{FENCE_WINDOW, FENCES_TOLERATED, TxnClient, TxnProducer, is_outage};
 use crate::partition::PartitionHandle;

@@ -35,12 +35,6 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-/// How often librdkafka's statistics are wanted for a given stall timeout: four samples per timeout,
-/// at least every 5 s and at most every 100 ms.
-pub(crate) fn statistics_interval(stall_timeout: Duration) -> Duration {
-    (stall_timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(5))
-}
-
 /// What holds a stalled partition back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stall {
@@ -171,17 +165,5 @@ impl Watchdog {
             tracing::error!(pipeline = %self.name, bootstrap = %self.bootstrap,
                 down_for_s = (now - *since).as_secs(), "no broker of the cluster can be reached (retrying)");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn statistics_interval_is_a_quarter_of_the_timeout_within_bounds() {
-        assert_eq!(statistics_interval(Duration::from_secs(60)), Duration::from_secs(5));
-        assert_eq!(statistics_interval(Duration::from_secs(2)), Duration::from_millis(500));
-        assert_eq!(statistics_interval(Duration::from_millis(200)), Duration::from_millis(100));
     }
 }

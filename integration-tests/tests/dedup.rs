@@ -193,7 +193,9 @@ async fn expired_key_is_processed_again() -> Result<()> {
     create_topic(&topic, 1).await?;
     produce_raw(&topic, events(0..1, |_| "k".into())).await?;
     let effects = Effects::default();
-    let ttl = Duration::from_millis(1_500);
+    // Long enough to cover a pipeline restart under CPU contention (the second run must still see
+    // the key; with 1.5 s it expired first in 2 of 7 runs of a contention soak).
+    let ttl = Duration::from_secs(10);
     let config = || {
         let mut d = DedupConfig::new(&dir);
         d.ttl = ttl;

@@ -4,9 +4,9 @@
 
 use crate::config::{ExactlyOnce, PipelineConfig};
 use crate::error::{ConfigError, Error};
-use crate::watchdog::statistics_interval;
 use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
+use std::time::Duration;
 
 /// Maps librdkafka's rejection of a property to a [`ConfigError`] naming that property.
 pub(crate) fn client_creation(which: &'static str) -> impl Fn(KafkaError) -> Error {
@@ -95,4 +95,22 @@ pub(crate) fn restore_consumer_config(config: &PipelineConfig) -> ClientConfig {
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true");
     c
+}
+
+/// How often librdkafka's statistics are wanted for a given stall timeout: four samples per timeout,
+/// at least every 5 s and at most every 100 ms.
+pub(crate) fn statistics_interval(stall_timeout: Duration) -> Duration {
+    (stall_timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statistics_interval_is_a_quarter_of_the_timeout_within_bounds() {
+        assert_eq!(statistics_interval(Duration::from_secs(60)), Duration::from_secs(5));
+        assert_eq!(statistics_interval(Duration::from_secs(2)), Duration::from_millis(500));
+        assert_eq!(statistics_interval(Duration::from_millis(200)), Duration::from_millis(100));
+    }
 }

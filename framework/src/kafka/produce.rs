@@ -5,9 +5,7 @@ use crate::error::EmitError;
 use crate::kafka::log::Producer;
 use crate::record::OutputRecord;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DeliveryFuture, FutureRecord};
-use rdkafka::util::IntoOpaque;
+use rdkafka::producer::DeliveryFuture;
 use std::time::Duration;
 
 /// Queues `record`, waiting while librdkafka's queue is full. Returns the delivery to await.
@@ -24,72 +22,6 @@ pub(crate) async fn enqueue(producer: &Producer, record: &OutputRecord) -> Resul
             Err((source, _)) => return Err(EmitError::NotAcknowledged { topic: record.topic.clone(), source }),
         }
     }
-}
-
-/// librdkafka's record types, filled from an [`OutputRecord`] by [`fill`]: the one conversion the
-/// output producer (`FutureRecord`), the transactional producer (`BaseRecord`) and
-/// [`OutputRecord::as_future_record`] share.
-pub(crate) trait KafkaRecord<'a>: Sized {
-    fn with_key(self, key: &'a [u8]) -> Self;
-    fn with_payload(self, value: &'a [u8]) -> Self;
-    fn with_partition(self, partition: i32) -> Self;
-    fn with_headers(self, headers: OwnedHeaders) -> Self;
-}
-
-impl<'a> KafkaRecord<'a> for FutureRecord<'a, [u8], [u8]> {
-    fn with_key(self, key: &'a [u8]) -> Self {
-        self.key(key)
-    }
-    fn with_payload(self, value: &'a [u8]) -> Self {
-        self.payload(value)
-    }
-    fn with_partition(self, partition: i32) -> Self {
-        self.partition(partition)
-    }
-    fn with_headers(self, headers: OwnedHeaders) -> Self {
-        self.headers(headers)
-    }
-}
-
-impl<'a, D: IntoOpaque> KafkaRecord<'a> for BaseRecord<'a, [u8], [u8], D> {
-    fn with_key(self, key: &'a [u8]) -> Self {
-        self.key(key)
-    }
-    fn with_payload(self, value: &'a [u8]) -> Self {
-        self.payload(value)
-    }
-    fn with_partition(self, partition: i32) -> Self {
-        self.partition(partition)
-    }
-    fn with_headers(self, headers: OwnedHeaders) -> Self {
-        self.headers(headers)
-    }
-}
-
-/// Fills `record` (already addressed to `out.topic`) with `out`'s key, value, partition and headers.
-pub(crate) fn fill<'a, R: KafkaRecord<'a>>(mut record: R, out: &'a OutputRecord) -> R {
-    if let Some(h) = kafka_headers(&out.headers) {
-        record = record.with_headers(h);
-    }
-    if let Some(k) = out.key.as_deref() {
-        record = record.with_key(k);
-    }
-    if let Some(v) = out.value.as_deref() {
-        record = record.with_payload(v);
-    }
-    if let Some(p) = out.partition {
-        record = record.with_partition(p);
-    }
-    record
-}
-
-/// An output's headers as librdkafka takes them; `None` when there are none (saves an allocation).
-fn kafka_headers(headers: &crate::record::Headers) -> Option<OwnedHeaders> {
-    (!headers.is_empty()).then(|| {
-        headers.iter().fold(OwnedHeaders::new_with_capacity(headers.len()), |all, h| {
-            all.insert(KafkaHeader { key: &h.name, value: h.value.as_deref() })
-        })
-    })
 }
 
 /// Whether a successful delivery report proves the write: it names the offset the record got.

@@ -153,7 +153,7 @@ impl TxnClient {
     /// refuses at once for its record's sake is noted as rejected (see [`crate::rejected`]).
     pub(crate) fn send(&self, producer: &TxnProducer, out: &OutputRecord, source: Source) -> Result<(), KafkaError> {
         let mut record: BaseRecord<'_, [u8], [u8], Box<Source>> =
-            crate::kafka::produce::fill(BaseRecord::with_opaque_to(&out.topic, Box::new(source)), out);
+            crate::record::fill(BaseRecord::with_opaque_to(&out.topic, Box::new(source)), out);
         loop {
             match producer.send(record) {
                 Ok(()) => return Ok(()),

@@ -2,8 +2,8 @@
 //! failures stops at once rather than after the records already polled. The breaker's state and
 //! its decisions are [`crate::breaker`]'s.
 
-use crate::pipeline::Shared;
 use crate::processor::Processor;
+use crate::shared::Shared;
 use std::sync::atomic::Ordering::Relaxed;
 use tokio_util::sync::CancellationToken;
 

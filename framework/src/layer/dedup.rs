@@ -6,11 +6,12 @@
 
 use super::Outcome;
 use crate::dedup::KeyGuard;
-use crate::dedup_changelog::{self, Dedup};
+use crate::dedup_changelog;
+use crate::dedup_runtime::Dedup;
 use crate::pending::PendingOutputs;
-use crate::pipeline::Shared;
 use crate::processor::Processor;
 use crate::record::Record;
+use crate::shared::Shared;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 

@@ -21,9 +21,9 @@ pub(crate) mod retry;
 
 use crate::dlq::Failure;
 use crate::pending::PendingOutputs;
-use crate::pipeline::Shared;
 use crate::processor::Processor;
 use crate::record::{OutputRecord, Record};
+use crate::shared::Shared;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 

@@ -3,10 +3,10 @@
 //! it goes to the DLQ without running again.
 
 use crate::dlq::Failure;
-use crate::pipeline::Shared;
 use crate::processor::Processor;
 use crate::record::Record;
 use crate::rejected::Verdict;
+use crate::shared::Shared;
 use tokio_util::sync::CancellationToken;
 
 /// What to do with a record before it runs.
