@@ -4,7 +4,9 @@
 //! after the record's effects are done.
 //!
 //! ## Module map: the path of one record, top to bottom
-//! - [`pipeline`]: builds the clients; the poll thread polls a record and hands it to its partition.
+//! - [`pipeline`]: builds the clients and starts the poll thread; `poll` (internal): the poll
+//!   thread's loop polls a record and hands it to its partition, throttles at the bounds, commits;
+//!   `shared` (internal): what the poll thread and the partition tasks share.
 //! - `partition` (internal): one task per owned partition; tracks offsets and routes the record to its
 //!   key lane, running lanes concurrently.
 //! - `layer` (internal): the per-record concerns, one module each, in the order written once in
@@ -12,7 +14,8 @@
 //!   around the [`Processor`] under the [`retry`] policy, and the DLQ.
 //! - [`context`]: what the processor sees; emitted outputs must be acknowledged before completion.
 //! - [`offsets`]: the completed prefix of each partition, which is what gets committed.
-//! - `rebalance` (internal): assign, revoke (drain, commit, release) and lost partitions.
+//! - `rebalance` (internal): assign, revoke (drain, commit, release) and lost partitions;
+//!   `assignments` (internal): the partitions owned now.
 //! - `pending` and `transaction` (internal): exactly-once mode; completed records' outputs wait by
 //!   offset and commit with the input offsets in one Kafka transaction per commit interval.
 //! - `rejected` (internal): exactly-once mode; a record whose output the broker rejects (unknown
@@ -27,7 +30,10 @@
 //!   settings, its logs and errors, producing an output and awaiting its acknowledgement, the
 //!   transactional producer (replaced when a fence or a broker outage leaves it unusable), and the
 //!   topics the pipeline creates on its own (DLQ, dedup changelog).
-//! - [`config`], [`error`], [`record`], [`stats`], [`shutdown`]: the supporting pieces.
+//! - [`dedup`], [`dedup_store`], `dedup_runtime` and `dedup_changelog` (internal): idempotency keys,
+//!   the RocksDB store, its run-time state, and its changelog topic (written, and restored on
+//!   assignment).
+//! - [`config`], [`error`], [`record`], [`stats`], [`shutdown`], `clock`: the supporting pieces.
 //! - [`typed`] and [`codec`]: typed processors decode the value before the processor sees it;
 //!   [`avro`] with a [`schema_registry`] is the codec for Avro in the Confluent wire format.
 //!
@@ -56,6 +62,7 @@
 //! }
 //! ```
 
+mod assignments;
 pub mod avro;
 mod breaker;
 mod clock;

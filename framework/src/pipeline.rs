@@ -14,6 +14,7 @@
 //! such poll); when one partition reaches its own bound that partition is paused until it drains to
 //! half.
 
+use crate::assignments::{Assignments, Starter};
 use crate::breaker::Breaker;
 use crate::cluster::{self, TopicWatch};
 use crate::config::PipelineConfig;
@@ -29,7 +30,7 @@ use crate::partition::PartitionHandle;
 use crate::poll::PollLoop;
 pub use crate::poll::RunSummary;
 use crate::processor::Processor;
-use crate::rebalance::{Assignments, Hooks, Starter};
+use crate::rebalance::Hooks;
 use crate::rejected::Rejections;
 use crate::shared::{PollerWake, Shared};
 use crate::stats::Stats;

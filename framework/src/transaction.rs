@@ -42,11 +42,10 @@ use crate::dedup_runtime::Dedup;
 use crate::error::Error;
 use crate::kafka::txn_producer::{FENCE_WINDOW, FENCES_TOLERATED, TxnClient, TxnProducer, is_outage};
 use crate::partition::PartitionHandle;
-use crate::rebalance::Hooks;
 use crate::rejected::{Produced, Source};
 use crate::retry::Backoff;
 use crate::stats::Stats;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer as _;
 use rdkafka::{Offset, TopicPartitionList};
@@ -327,7 +326,11 @@ impl Transactions {
 
     /// Commits the open transaction after moving the latest completed work of `handles` into it:
     /// every partition in it commits the offset its outputs were taken below.
-    pub(crate) fn commit(&self, consumer: &BaseConsumer<Hooks>, handles: &[Arc<PartitionHandle>]) -> TxnOutcome {
+    pub(crate) fn commit<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        handles: &[Arc<PartitionHandle>],
+    ) -> TxnOutcome {
         let started = Instant::now();
         if let Err(outcome) = self.pump(handles) {
             return outcome;

@@ -27,7 +27,7 @@
 //! [`StatsSnapshot::cluster_unreachable`](crate::StatsSnapshot::cluster_unreachable) and logged once
 //! at error level when it lasts `stall_timeout`.
 
-use crate::rebalance::Assignments;
+use crate::assignments::Assignments;
 use crate::stats::Stats;
 use rdkafka::statistics::{Partition, Statistics};
 use std::collections::HashMap;
