@@ -199,35 +199,28 @@ pub(crate) trait KafkaRecord<'a>: Sized {
     fn with_headers(self, headers: OwnedHeaders) -> Self;
 }
 
-impl<'a> KafkaRecord<'a> for FutureRecord<'a, [u8], [u8]> {
-    fn with_key(self, key: &'a [u8]) -> Self {
-        self.key(key)
-    }
-    fn with_payload(self, value: &'a [u8]) -> Self {
-        self.payload(value)
-    }
-    fn with_partition(self, partition: i32) -> Self {
-        self.partition(partition)
-    }
-    fn with_headers(self, headers: OwnedHeaders) -> Self {
-        self.headers(headers)
-    }
+/// The two impls of [`KafkaRecord`]: rdkafka's record types have the same builder methods.
+macro_rules! kafka_record {
+    (impl<$a:lifetime $(, $d:ident: $bound:path)?> for $ty:ty) => {
+        impl<$a $(, $d: $bound)?> KafkaRecord<$a> for $ty {
+            fn with_key(self, key: &$a [u8]) -> Self {
+                self.key(key)
+            }
+            fn with_payload(self, value: &$a [u8]) -> Self {
+                self.payload(value)
+            }
+            fn with_partition(self, partition: i32) -> Self {
+                self.partition(partition)
+            }
+            fn with_headers(self, headers: OwnedHeaders) -> Self {
+                self.headers(headers)
+            }
+        }
+    };
 }
 
-impl<'a, D: IntoOpaque> KafkaRecord<'a> for BaseRecord<'a, [u8], [u8], D> {
-    fn with_key(self, key: &'a [u8]) -> Self {
-        self.key(key)
-    }
-    fn with_payload(self, value: &'a [u8]) -> Self {
-        self.payload(value)
-    }
-    fn with_partition(self, partition: i32) -> Self {
-        self.partition(partition)
-    }
-    fn with_headers(self, headers: OwnedHeaders) -> Self {
-        self.headers(headers)
-    }
-}
+kafka_record!(impl<'a> for FutureRecord<'a, [u8], [u8]>);
+kafka_record!(impl<'a, D: IntoOpaque> for BaseRecord<'a, [u8], [u8], D>);
 
 /// Fills `record` (already addressed to `out.topic`) with `out`'s key, value, partition and headers.
 pub(crate) fn fill<'a, R: KafkaRecord<'a>>(mut record: R, out: &'a OutputRecord) -> R {

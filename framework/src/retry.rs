@@ -1,5 +1,5 @@
 //! The retry *policy* (exponential backoff with full jitter, bounded attempts) for a record's
-//! processing, and [`Backoff`], the same full jitter without an attempt limit for every internal
+//! processing, and `Backoff` (internal), the same full jitter without an attempt limit for every internal
 //! retry loop (a DLQ or changelog write, a transaction call, a metadata request). The loops live
 //! with their callers; this module only decides how long to wait.
 
