@@ -5,7 +5,7 @@
 
 use crate::dedup_runtime::{Dedup, SOURCE_TOPIC_HEADER};
 use crate::kafka::config::restore_consumer_config;
-use crate::kafka::produce::{confirmed, enqueue};
+use crate::kafka::produce::{acknowledged, enqueue};
 use crate::kafka::topic;
 use crate::processor::Processor;
 use crate::record::Record;
@@ -68,12 +68,7 @@ async fn write<P: Processor>(
     let out = dedup.changelog_entry(&record.topic, record.partition, key, now);
     let delivery = enqueue(&shared.handles.producer, &out).await.map_err(|e| e.to_string())?;
     // The delivery report says where the entry landed: the local store is current up to there.
-    let offset = match delivery.await {
-        Ok(Ok(d)) if confirmed(d.offset) => d.offset,
-        Ok(Ok(_)) => return Err("changelog write reported delivered without an offset (not confirmed)".into()),
-        Ok(Err((e, _))) => return Err(format!("changelog write not acknowledged: {e}")),
-        Err(_) => return Err("producer closed before the changelog write was acknowledged".into()),
-    };
+    let offset = acknowledged(&out.topic, delivery).await.map_err(|e| e.to_string())?;
     store(key)?;
     dedup.note_position(&record.topic, record.partition, offset + 1)
 }

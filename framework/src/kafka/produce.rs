@@ -38,10 +38,11 @@ pub(crate) fn confirmed(offset: i64) -> bool {
     offset >= 0
 }
 
-/// Awaits one delivery.
-pub(crate) async fn acknowledged(topic: &str, delivery: DeliveryFuture) -> Result<(), EmitError> {
+/// Awaits one delivery; returns the offset the record got (a report without one is not an
+/// acknowledgement: see [`confirmed`]).
+pub(crate) async fn acknowledged(topic: &str, delivery: DeliveryFuture) -> Result<i64, EmitError> {
     match delivery.await {
-        Ok(Ok(d)) if confirmed(d.offset) => Ok(()),
+        Ok(Ok(d)) if confirmed(d.offset) => Ok(d.offset),
         Ok(Ok(d)) => {
             tracing::warn!(topic, partition = d.partition, "delivery reported without an offset; producing again");
             Err(EmitError::Unconfirmed { topic: topic.to_owned() })
@@ -54,5 +55,5 @@ pub(crate) async fn acknowledged(topic: &str, delivery: DeliveryFuture) -> Resul
 /// Produces `record` and waits for the broker's acknowledgement.
 pub(crate) async fn produce(producer: &Producer, record: &OutputRecord) -> Result<(), EmitError> {
     let delivery = enqueue(producer, record).await?;
-    acknowledged(&record.topic, delivery).await
+    acknowledged(&record.topic, delivery).await.map(drop)
 }
