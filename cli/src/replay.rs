@@ -18,6 +18,7 @@ use crate::read::{DlqRecord, TopicScan, partition_count};
 use crate::show::cell;
 use anyhow::{Context as _, Result, anyhow, bail};
 use futures::FutureExt as _;
+use millrace::EmitError;
 use millrace::dlq::{headers, replay_count, user_headers};
 use millrace::record::OutputRecord;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -152,26 +153,11 @@ impl Pace {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
+/// Resolves on SIGINT or SIGTERM (the framework's signal handling); never, if signals cannot be
+/// listened for.
 async fn stop_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+    if millrace::shutdown::wait_for_signal().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -378,18 +364,18 @@ impl Replayer<'_> {
     }
 
     fn acknowledged(&mut self, acked: <DeliveryFuture as Future>::Output, what: &str) -> Result<()> {
-        match acked {
-            // A success without an offset does not prove the write (see the framework's
-            // `produce::confirmed`): stop before committing past it; a second run replays it.
-            Ok(Ok(d)) if d.offset < 0 => Err(anyhow!(
-                "producing {what}: reported delivered without an offset, so the write is not confirmed; \
-                 nothing from it on was committed: run the replay again"
-            )),
-            Ok(Ok(_)) => {
+        match millrace::delivery_offset(what, acked) {
+            Ok(_) => {
                 self.summary.replayed += 1;
                 Ok(())
             }
-            Ok(Err((e, _))) => Err(anyhow!("producing {what} failed: {e}")),
+            // A success without an offset does not prove the write: stop before committing past
+            // it; a second run replays it.
+            Err(EmitError::Unconfirmed { .. }) => Err(anyhow!(
+                "producing {what}: reported delivered without an offset, so the write is not confirmed; \
+                 nothing from it on was committed: run the replay again"
+            )),
+            Err(EmitError::NotAcknowledged { source, .. }) => Err(anyhow!("producing {what} failed: {source}")),
             Err(_) => Err(anyhow!("producing {what}: the producer went away before acknowledging")),
         }
     }

@@ -14,6 +14,8 @@
 //!   around the [`Processor`] under the [`retry`] policy, and the DLQ.
 //! - [`context`]: what the processor sees; emitted outputs must be acknowledged before completion.
 //! - [`offsets`]: the completed prefix of each partition, which is what gets committed.
+//! - `commit` (internal): the one owner of every commit (periodic, revoke, shutdown, lost
+//!   partitions), as plain offsets (at-least-once) or transactions (exactly-once), chosen once.
 //! - `rebalance` (internal): assign, revoke (drain, commit, release) and lost partitions;
 //!   `assignments` (internal): the partitions owned now.
 //! - `pending` and `transaction` (internal): exactly-once mode; completed records' outputs wait by
@@ -68,6 +70,7 @@ mod breaker;
 mod clock;
 mod cluster;
 pub mod codec;
+mod commit;
 pub mod config;
 pub mod context;
 pub mod dedup;
@@ -104,6 +107,7 @@ pub use config::{Bounds, CircuitBreakerConfig, Delivery, DlqConfig, ExactlyOnce,
 pub use context::Context;
 pub use dedup::{DedupConfig, DedupFallback};
 pub use error::{ConfigError, EmitError, Error, FailureKind, ProcessError, ResultExt};
+pub use kafka::produce::delivery_offset;
 pub use pipeline::{Pipeline, RunSummary};
 pub use processor::Processor;
 pub use record::{OutputRecord, Record};

@@ -17,6 +17,7 @@
 use crate::assignments::{Assignments, Starter};
 use crate::breaker::Breaker;
 use crate::cluster::{self, TopicWatch};
+use crate::commit::Committer;
 use crate::config::PipelineConfig;
 use crate::context::RuntimeHandles;
 use crate::dedup_runtime::Dedup;
@@ -26,7 +27,7 @@ use crate::kafka::config::{
 };
 use crate::kafka::log::{KafkaLog, Producer, ProducerHooks};
 use crate::kafka::txn_producer::TxnClient;
-use crate::partition::PartitionHandle;
+use crate::partition;
 use crate::poll::PollLoop;
 pub use crate::poll::RunSummary;
 use crate::processor::Processor;
@@ -83,23 +84,28 @@ impl<P: Processor> Pipeline<P> {
             .map_err(client_creation("producer"))?;
         let dedup = config.dedup.clone().map(|d| Dedup::open(d, &config.group_id)).transpose()?.map(Arc::new);
         let rejections = config.exactly_once_settings().map(|_| Arc::new(Rejections::default()));
-        let transactions = match (config.exactly_once_settings(), &rejections) {
+        let committer = match (config.exactly_once_settings(), &rejections) {
             (Some(eo), Some(rejections)) => {
                 let producer_config = transactional_producer_config(&config, eo);
                 let client = TxnClient::new(producer_config, log.clone(), eo.transaction_timeout, rejections.clone())
                     .map_err(client_creation("transactional producer"))?;
-                Some(Arc::new(Transactions::new(client, stats.clone(), dedup.clone(), eo.clone(), config.name.clone())))
+                Committer::Transactions(Arc::new(Transactions::new(
+                    client,
+                    stats.clone(),
+                    dedup.clone(),
+                    eo.clone(),
+                    config.name.clone(),
+                )))
             }
-            _ => None,
+            _ => Committer::offsets(),
         };
         let hooks = Hooks {
-            transactions,
+            committer,
             assignments: Arc::new(Mutex::new(Assignments::default())),
             starter: OnceLock::new(),
             stats: stats.clone(),
             drain_timeout: config.drain_timeout,
             name: config.name.clone(),
-            recommit: AtomicBool::new(false),
             version: AtomicU64::new(0),
             log: log.clone(),
             watchdog: Watchdog::new(
@@ -162,7 +168,7 @@ impl<P: Processor> Pipeline<P> {
         let runtime = tokio::runtime::Handle::current();
         let starter: Starter = {
             let (shared, runtime) = (shared.clone(), runtime.clone());
-            Box::new(move |topic, partition, epoch| PartitionHandle::start(&shared, &runtime, topic, partition, epoch))
+            Box::new(move |topic, partition, epoch| partition::start(&shared, &runtime, topic, partition, epoch))
         };
         if consumer.context().starter.set(starter).is_err() {
             return Err(Error::Runtime("pipeline started twice".into()));
@@ -173,7 +179,7 @@ impl<P: Processor> Pipeline<P> {
             .spawn(move || {
                 let mut topics = TopicWatch::new(&shared.config);
                 let result = cluster::reach(&consumer, &shared.config, &stop, &shared.stats, &mut topics);
-                let result = result.and_then(|()| match &consumer.context().transactions {
+                let result = result.and_then(|()| match consumer.context().committer.transactions() {
                     // Fences earlier incarnations of this transactional id before consuming.
                     Some(txn) => txn.init(&stop).map_err(Error::Transaction),
                     None => Ok(()),

@@ -8,12 +8,12 @@ use crate::error::Error;
 use crate::kafka::log::is_fatal;
 use crate::partition::PartitionHandle;
 use crate::processor::Processor;
-use crate::rebalance::{Hooks, commit_now};
+use crate::rebalance::Hooks;
 use crate::record::Record;
 use crate::shared::{POLL_WAIT, Shared};
 use crate::stats::Stats;
 use crate::transaction::TxnOutcome;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
@@ -165,7 +165,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
                 result = Err(e);
                 break;
             }
-            if let Some(e) = self.hooks().transactions.as_ref().and_then(|t| t.take_fatal()) {
+            if let Some(e) = self.hooks().committer.transactions().and_then(|t| t.take_fatal()) {
                 result = Err(e);
                 break;
             }
@@ -174,7 +174,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
                 result = Err(Error::Runtime(e));
                 break;
             }
-            if self.hooks().transactions.as_ref().is_some_and(|t| t.needs_reset()) {
+            if self.hooks().committer.transactions().is_some_and(|t| t.needs_reset()) {
                 match self.reset_transactions() {
                     Ok(true) => {}
                     Ok(false) => {
@@ -191,7 +191,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
                 self.resume_drained();
             }
             // Once per batch, not per record (`check_clock`).
-            if let Some(txn) = self.hooks().transactions.as_ref().filter(|_| check_clock) {
+            if let Some(txn) = self.hooks().committer.transactions().filter(|_| check_clock) {
                 if let Err(e) = self.rewind_deferred() {
                     result = Err(e);
                     break;
@@ -322,32 +322,11 @@ impl<'c, P: Processor> PollLoop<'c, P> {
     /// within that time instead of lingering as lag until the next rebalance. An error stops the
     /// pipeline.
     fn commit_progress(&self, refresh: bool) -> Result<(), Error> {
-        if let Some(txn) = &self.hooks().transactions {
-            self.rewind_deferred()?;
-            let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
-            self.advance_idle(&handles);
-            return self.after_transaction(txn.commit(self.consumer, &handles));
-        }
-        let force = self.hooks().recommit.swap(false, Relaxed) | refresh;
+        self.rewind_deferred()?;
         let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
         self.advance_idle(&handles);
-        let mut tpl = TopicPartitionList::new();
-        let mut moved = Vec::new();
-        for h in &handles {
-            let candidate = if force { h.committable() } else { h.commit_candidate() };
-            if let Some(offset) = candidate {
-                let _ = tpl.add_partition_offset(&h.topic, h.partition, Offset::Offset(offset));
-                moved.push((h, offset));
-            }
-        }
-        if commit_now(self.consumer, &tpl, CommitMode::Async, &self.shared.stats) {
-            for (h, offset) in moved {
-                h.set_committed(offset);
-            }
-        } else {
-            self.hooks().recommit.store(true, Relaxed);
-        }
-        Ok(())
+        let outcome = self.hooks().committer.progress(self.consumer, &handles, refresh, &self.shared.stats);
+        self.after_transaction(outcome)
     }
 
     /// Moves the committable offset of every caught-up partition to the consumer's position, past
@@ -374,7 +353,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
     /// poll. Runs before anything else moves their work into a transaction (their aborted entries
     /// are gone, so nothing of theirs may commit before the rewind).
     fn rewind_deferred(&self) -> Result<(), Error> {
-        let Some(txn) = &self.hooks().transactions else { return Ok(()) };
+        let Some(txn) = self.hooks().committer.transactions() else { return Ok(()) };
         let deferred = txn.take_deferred_rewinds();
         if deferred.is_empty() {
             return Ok(());
@@ -391,8 +370,8 @@ impl<'c, P: Processor> PollLoop<'c, P> {
             TxnOutcome::Reset => Ok(()),
             TxnOutcome::Fatal => Err(self
                 .hooks()
-                .transactions
-                .as_ref()
+                .committer
+                .transactions()
                 .and_then(|t| t.take_fatal())
                 .unwrap_or_else(|| Error::Runtime("transactions stopped on a fatal error".into()))),
         }
@@ -403,7 +382,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
     /// producer's `init_transactions` settled the old transaction, so they are the truth whether it
     /// committed or not). `Ok(false)` when the pipeline was stopped meanwhile.
     fn reset_transactions(&self) -> Result<bool, Error> {
-        let Some(txn) = &self.hooks().transactions else { return Ok(true) };
+        let Some(txn) = self.hooks().committer.transactions() else { return Ok(true) };
         if !txn.reset(&self.stop).map_err(Error::Transaction)? {
             return Ok(false);
         }
@@ -432,17 +411,9 @@ impl<'c, P: Processor> PollLoop<'c, P> {
             tracing::warn!(pipeline = %name, "drain deadline passed; committing only the completed prefix");
         }
         if commit {
-            let mut tpl = TopicPartitionList::new();
-            for h in &released {
-                if let Some(offset) = h.committable() {
-                    let _ = tpl.add_partition_offset(&h.topic, h.partition, Offset::Offset(offset));
-                }
-            }
-            self.hooks().commit_released(self.consumer, &released, &tpl);
-        } else if self.hooks().transactions.is_some() {
-            for h in &released {
-                h.pending.discard(&self.shared.stats);
-            }
+            self.hooks().committer.released(self.consumer, &released, &self.shared.stats, name);
+        } else {
+            self.hooks().committer.abandon(&released, &self.shared.stats);
         }
         let s = &self.shared.stats;
         s.revocations.fetch_add(released.len() as u64, Relaxed);

@@ -1,29 +1,28 @@
 //! Consumer-group callbacks: what happens when partitions are assigned, revoked or lost.
 //!
 //! Revoke (I2, I5): stop handing out the revoked partitions' queued records, wait for the running
-//! ones until the drain deadline, commit the completed prefix synchronously, and only then let
-//! librdkafka release them. Lost partitions (session expired) are dropped without a commit: another
-//! member owns them already. Assign: a fresh [`PartitionHandle`] with a new epoch per partition.
+//! ones until the drain deadline, commit the completed prefix (the [`Committer`]: synchronously, or
+//! in a transaction with their outputs), and only then let librdkafka release them. Lost partitions
+//! (session expired) are dropped without a commit: another member owns them already. Assign: a
+//! fresh [`PartitionHandle`] with a new epoch per partition.
 //!
-//! Exactly-once: the revoke-time commit is a transaction carrying the revoked partitions' outputs
-//! and offsets (if it aborts, their uncommitted work is simply redone by the next owner); lost
-//! partitions' pending outputs are dropped. [`Hooks::rewind`] replaces a partition's task after an
-//! aborted transaction and seeks the consumer back to the last committed offset.
+//! Exactly-once: [`Hooks::rewind`] replaces a partition's task after an aborted transaction and
+//! seeks the consumer back to the last committed offset.
 
 use crate::assignments::{Assignments, Starter};
+use crate::commit::Committer;
 use crate::kafka::log::KafkaLog;
 use crate::partition::PartitionHandle;
 use crate::retry::Backoff;
 use crate::stats::Stats;
-use crate::transaction::{Transactions, TxnOutcome};
 use crate::watchdog::Watchdog;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::statistics::Statistics;
 use rdkafka::{Offset, TopicPartitionList};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -35,14 +34,12 @@ pub(crate) struct Hooks {
     pub(crate) stats: Arc<Stats>,
     pub(crate) drain_timeout: Duration,
     pub(crate) name: String,
-    /// Set when an async commit failed, so the next tick commits again.
-    pub(crate) recommit: AtomicBool,
     /// Bumped whenever the assignment changes (invalidates the poll thread's handle cache).
     pub(crate) version: AtomicU64,
     /// Throttled logs, and the fatal error the poll loop stops on.
     pub(crate) log: Arc<KafkaLog>,
-    /// Exactly-once mode's transactions.
-    pub(crate) transactions: Option<Arc<Transactions>>,
+    /// Every commit: plain offsets (at-least-once) or transactions (exactly-once).
+    pub(crate) committer: Committer,
     /// Reports stalled partitions and an unreachable cluster from librdkafka's statistics.
     pub(crate) watchdog: Watchdog,
 }
@@ -71,56 +68,17 @@ impl Hooks {
         let stops: Vec<_> = handles.iter().map(|h| h.stop(false, deadline)).collect();
         if lost {
             tracing::warn!(pipeline = %self.name, partitions = handles.len(), "partitions lost; not committing (another member owns them)");
-            if let Some(txn) = &self.transactions
-                && let TxnOutcome::Aborted(carried) = txn.drop_partitions(&handles)
-            {
-                txn.defer_rewind(carried);
-            }
-            self.retire(&handles);
+            self.committer.lost(&handles, &self.stats);
             return;
         }
-        let mut commit = TopicPartitionList::new();
         for (h, stop) in handles.iter().zip(stops) {
             if !stop.wait() {
                 tracing::warn!(pipeline = %self.name, topic = %h.topic, partition = h.partition,
                     "drain deadline passed on revoke; committing only the completed prefix");
             }
-            if let Some(offset) = h.committable() {
-                let _ = commit.add_partition_offset(&h.topic, h.partition, Offset::Offset(offset));
-            }
         }
         tracing::info!(pipeline = %self.name, revoked = handles.len(), "partitions revoked");
-        self.commit_released(consumer, &handles, &commit);
-    }
-
-    /// Commits what released partitions completed: in a transaction (exactly-once; an abort leaves
-    /// their uncommitted work to the next owner) or as plain offsets.
-    pub(crate) fn commit_released(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        handles: &[Arc<PartitionHandle>],
-        offsets: &TopicPartitionList,
-    ) {
-        match &self.transactions {
-            Some(txn) => {
-                if let TxnOutcome::Aborted(carried) = txn.commit(consumer, handles) {
-                    tracing::warn!(pipeline = %self.name, "transaction of released partitions aborted; their uncommitted work will be redone");
-                    // Partitions still owned that were in it are rewound by the poll thread.
-                    txn.defer_rewind(carried);
-                }
-                self.retire(handles);
-            }
-            None => {
-                commit_now(consumer, offsets, CommitMode::Sync, &self.stats);
-            }
-        }
-    }
-
-    /// Drops released partitions' pending outputs (exactly-once).
-    fn retire(&self, handles: &[Arc<PartitionHandle>]) {
-        for h in handles {
-            h.pending.discard(&self.stats);
-        }
+        self.committer.released(consumer, &handles, &self.stats, &self.name);
     }
 
     /// Exactly-once, after an aborted transaction: replaces the task of each of `handles` still
@@ -223,27 +181,6 @@ impl Hooks {
     }
 }
 
-/// Commits `tpl` (if not empty), counting the outcome.
-pub(crate) fn commit_now(
-    consumer: &BaseConsumer<Hooks>,
-    tpl: &TopicPartitionList,
-    mode: CommitMode,
-    stats: &Stats,
-) -> bool {
-    if tpl.count() == 0 {
-        return true;
-    }
-    Stats::bump(&stats.commits);
-    match consumer.commit(tpl, mode) {
-        Ok(()) => true,
-        Err(e) => {
-            Stats::bump(&stats.commit_failures);
-            tracing::warn!(error = %e, "offset commit failed; it will be retried");
-            false
-        }
-    }
-}
-
 impl ClientContext for Hooks {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
         self.log.log(level, fac, log_message);
@@ -284,7 +221,7 @@ impl ConsumerContext for Hooks {
     fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
         if let Err(e) = result {
             Stats::bump(&self.stats.commit_failures);
-            self.recommit.store(true, Relaxed);
+            self.committer.async_commit_failed();
             self.log.warn("async offset commit failed", &e.to_string());
         }
     }

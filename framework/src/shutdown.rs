@@ -22,8 +22,11 @@ pub fn on_signals(token: CancellationToken) {
     });
 }
 
+/// Resolves on the first SIGINT or SIGTERM (Ctrl-C where there are no Unix signals); an error when
+/// the signals cannot be listened for. Tools that stop in their own way (the `millrace` CLI's
+/// replay) wait on this instead of [`on_signals`].
 #[cfg(unix)]
-async fn wait_for_signal() -> std::io::Result<()> {
+pub async fn wait_for_signal() -> std::io::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -34,7 +37,8 @@ async fn wait_for_signal() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Resolves on Ctrl-C.
 #[cfg(not(unix))]
-async fn wait_for_signal() -> std::io::Result<()> {
+pub async fn wait_for_signal() -> std::io::Result<()> {
     tokio::signal::ctrl_c().await
 }

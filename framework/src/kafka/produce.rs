@@ -41,7 +41,24 @@ pub(crate) fn confirmed(offset: i64) -> bool {
 /// Awaits one delivery; returns the offset the record got (a report without one is not an
 /// acknowledgement: see [`confirmed`]).
 pub(crate) async fn acknowledged(topic: &str, delivery: DeliveryFuture) -> Result<i64, EmitError> {
-    match delivery.await {
+    delivery_offset(topic, delivery.await)
+}
+
+/// What one awaited delivery report of a record produced to `topic` proves: the offset the record
+/// got, or why it is not acknowledged. A success reported without an offset (librdkafka's idempotent
+/// producer does that for a request it could not confirm, and it can be wrong) is
+/// [`EmitError::Unconfirmed`]: produce the record again rather than count it written.
+///
+/// ```no_run
+/// # async fn f(producer: rdkafka::producer::FutureProducer) -> Result<(), millrace::EmitError> {
+/// use rdkafka::producer::FutureRecord;
+/// let delivery = producer.send_result(FutureRecord::<(), _>::to("orders").payload("x")).map_err(|_| ()).unwrap();
+/// let offset = millrace::delivery_offset("orders", delivery.await)?;
+/// println!("written at offset {offset}");
+/// # Ok(()) }
+/// ```
+pub fn delivery_offset(topic: &str, report: <DeliveryFuture as Future>::Output) -> Result<i64, EmitError> {
+    match report {
         Ok(Ok(d)) if confirmed(d.offset) => Ok(d.offset),
         Ok(Ok(d)) => {
             tracing::warn!(topic, partition = d.partition, "delivery reported without an offset; producing again");
