@@ -20,6 +20,8 @@ use std::collections::HashMap;
 use std::io::BufRead;
 use std::path::Path;
 use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_millrace-it-worker");
@@ -202,12 +204,17 @@ async fn paused_past_the_transaction_timeout_with_a_transaction_open_carries_on(
     Ok(())
 }
 
-/// Copies each input to the output as `<partition> <offset> <value>` (1 ms each).
-struct Copy(String);
+/// Copies each input to the output as `<partition> <offset> <value>`: 50 ms each until `fast` is
+/// set, 1 ms each after. The slow pace keeps both twin instances transacting until the conflict is
+/// detected (a fence is only noticed by an instance that has work for a transaction); under CPU
+/// contention a fence round trip took 8 s and a fast stream ran out before the fourth fence
+/// (issue 12, item 3, soak).
+struct Copy(String, Arc<AtomicBool>);
 
 impl Processor for Copy {
     async fn process(&self, record: &Record, ctx: &Context) -> Result<(), ProcessError> {
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        let pace = if self.1.load(Relaxed) { 1 } else { 50 };
+        tokio::time::sleep(Duration::from_millis(pace)).await;
         let value = format!("{} {} {}", record.partition, record.offset, record.value_str().unwrap_or_default());
         ctx.emit(OutputRecord::to(&self.0).key(record.key.clone().unwrap_or_default()).value(value)).await?;
         Ok(())
@@ -226,23 +233,25 @@ async fn two_instances_sharing_a_transactional_id_stop_with_a_clear_error() -> R
     create_topic(&output, PARTITIONS).await?;
     produce(&input, inputs(N)).await?;
     let transactional_id = format!("{group}-shared");
+    let fast = Arc::new(AtomicBool::new(false));
     let start = || -> Result<_> {
         let config = PipelineConfig::new(bootstrap(), &group, [&input])
             .exactly_once(ExactlyOnce::default().transactional_id(&transactional_id))
             .commit_interval(Duration::from_millis(50))
             .bounds(Bounds { max_concurrency: 4, ..Bounds::default() })
             .consumer_property("session.timeout.ms", SESSION_TIMEOUT_MS);
-        let pipeline = Pipeline::new(config, Copy(output.clone()))?;
+        let pipeline = Pipeline::new(config, Copy(output.clone(), fast.clone()))?;
         let (stop, stats) = (pipeline.shutdown_token(), pipeline.stats());
         Ok((tokio::spawn(pipeline.run()), stop, stats))
     };
     let (a, stop_a, stats_a) = start()?;
     let (b, stop_b, stats_b) = start()?;
     // One of them must give up, with the typed error.
-    let a_stopped = eventually("one of the instances to stop", Duration::from_secs(120), || {
+    let a_stopped = eventually("one of the instances to stop", Duration::from_secs(180), || {
         Ok([a.is_finished(), b.is_finished()].iter().position(|&f| f).map(|i| i == 0))
     })
     .await?;
+    fast.store(true, Relaxed); // the survivor finishes the stream at full pace
     let (stopped, survivor, stop_survivor) = if a_stopped { (a.await?, b, stop_b) } else { (b.await?, a, stop_a) };
     match stopped {
         Err(Error::TransactionalIdConflict { transactional_id: id, fences, within }) => {
