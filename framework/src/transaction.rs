@@ -49,6 +49,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer as _;
 use rdkafka::{Offset, TopicPartitionList};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -85,6 +86,8 @@ pub(crate) struct Transactions {
     open: Mutex<OpenTxn>,
     /// Partitions to rewind once the poll thread is out of a rebalance callback.
     rewind_later: Mutex<Vec<Arc<PartitionHandle>>>,
+    /// Transactions that reached the injected-abort decision (`inject_abort_ratio`).
+    injection_draws: AtomicU64,
 }
 
 /// How to treat a failed transaction call.
@@ -101,6 +104,11 @@ fn classify(e: &KafkaError) -> Class {
         KafkaError::Transaction(r) if r.is_retriable() => Class::Retry,
         _ => Class::Abort,
     }
+}
+
+/// Whether the `n`-th draw (from 1) is an injected abort at `ratio`.
+fn injected(n: u64, ratio: f64) -> bool {
+    (n as f64 * ratio).floor() > ((n - 1) as f64 * ratio).floor()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -144,10 +152,22 @@ impl Transactions {
             reset_cause: Mutex::new(None),
             open: Mutex::default(),
             rewind_later: Mutex::default(),
+            injection_draws: AtomicU64::new(0),
         }
     }
 
     /// How long one transaction call may block, and how long a transaction step may keep retrying.
+    /// Whether to abort this transaction on purpose: exactly `inject_abort_ratio` of them, spread
+    /// evenly (the n-th when n × ratio passes a whole number: every third for 1/3), not drawn at
+    /// random, so that a run with few transactions still has its aborts.
+    fn inject_abort(&self) -> bool {
+        let ratio = self.settings.inject_abort_ratio;
+        if ratio <= 0.0 {
+            return false;
+        }
+        injected(self.injection_draws.fetch_add(1, Relaxed) + 1, ratio)
+    }
+
     fn call_timeout(&self) -> Duration {
         self.settings.transaction_timeout
     }
@@ -355,8 +375,7 @@ impl Transactions {
             return outcome;
         }
         let offsets_sent = started.elapsed();
-        let ratio = self.settings.inject_abort_ratio;
-        if ratio > 0.0 && rand::random::<f64>() < ratio {
+        if self.inject_abort() {
             tracing::info!(pipeline = %self.name, "aborting this transaction on purpose (inject_abort_ratio)");
             Stats::bump(&self.stats.transactions_injected_aborts);
             return self.abort(&producer, &mut open);
@@ -510,5 +529,19 @@ impl Transactions {
         for same in partitions() {
             same[0].handle.pending.settle(same.iter().map(|k| &k.key));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::injected;
+
+    #[test]
+    fn injected_aborts_are_spread_evenly() {
+        let third: Vec<u64> = (1..=12).filter(|&n| injected(n, 1.0 / 3.0)).collect();
+        assert_eq!(third, [3, 6, 9, 12]);
+        assert_eq!((1..=100).filter(|&n| injected(n, 0.25)).count(), 25);
+        assert!((1..=100).all(|n| injected(n, 1.0)));
+        assert!(!(1..=100).any(|n| injected(n, 0.0)));
     }
 }

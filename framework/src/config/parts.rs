@@ -128,7 +128,8 @@ pub struct ExactlyOnce {
     /// `transaction.max.timeout.ms` (15 min by default).
     pub transaction_timeout: Duration,
     /// Fault injection for tests: abort this share (0.0–1.0) of transactions on purpose instead of
-    /// committing them, exercising the abort-and-rewind path. 0 (off) by default.
+    /// committing them, exercising the abort-and-rewind path; spread evenly (1/3 aborts every third
+    /// transaction), not at random. 0 (off) by default.
     pub inject_abort_ratio: f64,
 }
 
