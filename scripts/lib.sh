@@ -10,13 +10,14 @@ MILLRACE_JAVA_PACKAGES=(openjdk-17-jdk-headless maven)
 # missing ones with apt-get when it can (as root, or with sudo that needs no password); otherwise it
 # stops at once and prints the one command to run. On a system without dpkg it checks only the
 # commands and says which libraries the build needs. Set MILLRACE_SKIP_SETUP_CHECK=1 to skip it.
+# Arguments: more packages this script needs (scripts/test: prometheus and curl for the metrics tests).
 ensure_system() {
   [[ "${MILLRACE_SKIP_SETUP_CHECK:-0}" == 1 ]] && return 0
   if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo not found. Install Rust with rustup (https://rustup.rs), then run this again." >&2
     return 1
   fi
-  local wanted=("${MILLRACE_PACKAGES[@]}") missing=() pkg
+  local wanted=("${MILLRACE_PACKAGES[@]}" "$@") missing=() pkg
   # A JDK and Maven from elsewhere (SDKMAN, Temurin) are as good as Debian's.
   if ! command -v java >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then
     wanted+=("${MILLRACE_JAVA_PACKAGES[@]}")
@@ -57,6 +58,13 @@ cargo_env() {
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/millrace/target}"
 }
 
+# Runs each registered command when the script exits (several services can each register theirs).
+MILLRACE_ON_EXIT=()
+on_exit() {
+  MILLRACE_ON_EXIT+=("$1")
+  trap 'for c in "${MILLRACE_ON_EXIT[@]}"; do eval "$c"; done' EXIT
+}
+
 # Starts the local broker unless KAFKA_BOOTSTRAP_SERVERS points at one; stops it again on exit if
 # this script started it.
 ensure_broker() {
@@ -66,7 +74,23 @@ ensure_broker() {
   fi
   if ! scripts/kafka status >/dev/null 2>&1; then
     scripts/kafka up
-    trap 'scripts/kafka down' EXIT
+    on_exit 'scripts/kafka down'
   fi
   export KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:${KAFKA_PORT:-9092}"
+}
+
+# Starts the local Prometheus (scripts/observe) unless PROMETHEUS_URL points at one; stops it again
+# on exit if this script started it. The metrics tests register their pipelines as scrape targets in
+# PROMETHEUS_TARGETS_DIR.
+ensure_prometheus() {
+  if [[ -n "${PROMETHEUS_URL:-}" ]]; then
+    echo "using Prometheus at $PROMETHEUS_URL"
+    return
+  fi
+  if ! scripts/observe status >/dev/null 2>&1; then
+    scripts/observe up
+    on_exit 'scripts/observe down'
+  fi
+  export PROMETHEUS_URL="http://127.0.0.1:${PROMETHEUS_PORT:-9090}"
+  export PROMETHEUS_TARGETS_DIR="${PROMETHEUS_DATA_DIR:-$HOME/.cache/millrace/prometheus}/targets"
 }

@@ -6,6 +6,8 @@
 
 use crate::config::CircuitBreakerConfig;
 use crate::stats::Stats;
+use crate::telemetry::Telemetry;
+use crate::telemetry::events::{BreakerClosed, BreakerTripped};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::Instant;
@@ -34,7 +36,7 @@ impl Breaker {
 
     /// Counts `n` finished records, all dead-lettered or all not. Returns true if this tripped the
     /// breaker.
-    pub(crate) fn record(&self, n: u32, dead_lettered: bool, stats: &Stats, name: &str) -> bool {
+    pub(crate) fn record(&self, n: u32, dead_lettered: bool, telemetry: &Telemetry) -> bool {
         if !self.config.enabled || n == 0 {
             return false;
         }
@@ -64,12 +66,7 @@ impl Breaker {
         self.consecutive.store(0, Relaxed);
         if !was_open {
             self.state.send_replace(true);
-            Stats::bump(&stats.breaker_trips);
-            stats.breaker_open.store(1, Relaxed);
-            tracing::error!(
-                pipeline = name, reason, cooldown = ?self.config.cooldown,
-                "DLQ circuit breaker open: pipeline unhealthy, consumption paused"
-            );
+            BreakerTripped { reason: &reason, cooldown: self.config.cooldown }.emit(telemetry);
         }
         !was_open
     }
@@ -85,14 +82,13 @@ impl Breaker {
     }
 
     /// Whether consumption must stay paused; closes the breaker once the cool-down has passed.
-    pub(crate) fn is_open(&self, stats: &Stats, name: &str) -> bool {
+    pub(crate) fn is_open(&self, telemetry: &Telemetry) -> bool {
         let mut open = self.open_until.lock().unwrap_or_else(|p| p.into_inner());
         match *open {
             Some(until) if Instant::now() >= until => {
                 *open = None;
-                stats.breaker_open.store(0, Relaxed);
+                BreakerClosed.emit(telemetry);
                 self.state.send_replace(false);
-                tracing::warn!(pipeline = name, "DLQ circuit breaker closed after its cool-down; resuming");
                 false
             }
             Some(_) => true,
@@ -118,36 +114,36 @@ mod tests {
 
     #[test]
     fn trips_on_consecutive_dead_letters() {
-        let (b, s) = (breaker(1000, 1.0, 3), Stats::default());
-        assert!(!b.record(1, true, &s, "t"));
-        assert!(!b.record(1, false, &s, "t"), "a success resets the run");
-        assert!(!b.record(1, true, &s, "t"));
-        assert!(!b.record(1, true, &s, "t"));
-        assert!(b.record(1, true, &s, "t"));
-        assert!(b.is_open(&s, "t"));
-        assert!(s.snapshot().breaker_open);
+        let (b, s) = (breaker(1000, 1.0, 3), Telemetry::new("t", "g", std::time::Duration::ZERO));
+        assert!(!b.record(1, true, &s));
+        assert!(!b.record(1, false, &s), "a success resets the run");
+        assert!(!b.record(1, true, &s));
+        assert!(!b.record(1, true, &s));
+        assert!(b.record(1, true, &s));
+        assert!(b.is_open(&s));
+        assert!(s.stats.snapshot().breaker_open);
     }
 
     #[test]
     fn trips_on_share_of_a_window() {
-        let (b, s) = (breaker(10, 0.5, 100), Stats::default());
+        let (b, s) = (breaker(10, 0.5, 100), Telemetry::new("t", "g", std::time::Duration::ZERO));
         for i in 0..10 {
-            b.record(1, i % 3 == 0, &s, "t"); // 4 of 10
+            b.record(1, i % 3 == 0, &s); // 4 of 10
         }
-        assert!(!b.is_open(&s, "t"));
-        let trips: Vec<bool> = (0..10).map(|i| b.record(1, i % 2 == 0 || i == 9, &s, "t")).collect(); // 6 of 10
+        assert!(!b.is_open(&s));
+        let trips: Vec<bool> = (0..10).map(|i| b.record(1, i % 2 == 0 || i == 9, &s)).collect(); // 6 of 10
         let tripped = trips.contains(&true);
-        assert!(tripped && b.is_open(&s, "t"));
+        assert!(tripped && b.is_open(&s));
     }
 
     #[test]
     fn closes_after_cooldown_and_can_be_disabled() {
-        let s = Stats::default();
+        let s = Telemetry::new("t", "g", std::time::Duration::ZERO);
         let b =
             Breaker::new(CircuitBreakerConfig { cooldown: Duration::ZERO, max_consecutive: 1, ..Default::default() });
-        assert!(b.record(1, true, &s, "t"));
-        assert!(!b.is_open(&s, "t"), "zero cool-down closes at once");
+        assert!(b.record(1, true, &s));
+        assert!(!b.is_open(&s), "zero cool-down closes at once");
         let off = Breaker::new(CircuitBreakerConfig { enabled: false, max_consecutive: 1, ..Default::default() });
-        assert!(!off.record(1, true, &s, "t"));
+        assert!(!off.record(1, true, &s));
     }
 }

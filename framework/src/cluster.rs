@@ -50,6 +50,7 @@ pub(crate) fn reach<C: ConsumerContext>(
     let mut reported = false;
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(1));
     loop {
+        stats.beat();
         let attempt = Instant::now();
         match topics.lookup(consumer) {
             Ok(missing) => {

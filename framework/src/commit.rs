@@ -16,11 +16,14 @@
 
 use crate::partition::PartitionHandle;
 use crate::stats::Stats;
+use crate::telemetry::Telemetry;
+use crate::telemetry::events::CommitEnded;
 use crate::transaction::{Transactions, TxnOutcome};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::{Offset, TopicPartitionList};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::Instant;
 
 /// How the pipeline commits: chosen at construction.
 pub(crate) enum Committer {
@@ -59,7 +62,7 @@ impl Committer {
         consumer: &BaseConsumer<C>,
         handles: &[Arc<PartitionHandle>],
         refresh: bool,
-        stats: &Stats,
+        telemetry: &Telemetry,
     ) -> TxnOutcome {
         let offsets = match self {
             Self::Transactions(txn) => return txn.commit(consumer, handles),
@@ -78,7 +81,7 @@ impl Committer {
         if moved.is_empty() {
             return TxnOutcome::Idle;
         }
-        if commit_now(consumer, &tpl, CommitMode::Async, stats) {
+        if commit_now(consumer, &tpl, CommitMode::Async, telemetry) {
             for (h, offset) in moved {
                 h.set_committed(offset);
             }
@@ -96,16 +99,15 @@ impl Committer {
         &self,
         consumer: &BaseConsumer<C>,
         handles: &[Arc<PartitionHandle>],
-        stats: &Stats,
-        name: &str,
+        telemetry: &Telemetry,
     ) {
         match self {
             Self::Transactions(txn) => {
                 if let TxnOutcome::Aborted(carried) = txn.commit(consumer, handles) {
-                    tracing::warn!(pipeline = %name, "transaction of released partitions aborted; their uncommitted work will be redone");
+                    tracing::warn!(pipeline = %telemetry.name, "transaction of released partitions aborted; their uncommitted work will be redone");
                     txn.defer_rewind(carried);
                 }
-                discard_pending(handles, stats);
+                discard_pending(handles, &telemetry.stats);
             }
             Self::Offsets(_) => {
                 let mut tpl = TopicPartitionList::new();
@@ -114,7 +116,7 @@ impl Committer {
                         let _ = tpl.add_partition_offset(&h.topic, h.partition, Offset::Offset(offset));
                     }
                 }
-                commit_now(consumer, &tpl, CommitMode::Sync, stats);
+                commit_now(consumer, &tpl, CommitMode::Sync, telemetry);
             }
         }
     }
@@ -158,18 +160,14 @@ fn commit_now<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     tpl: &TopicPartitionList,
     mode: CommitMode,
-    stats: &Stats,
+    telemetry: &Telemetry,
 ) -> bool {
     if tpl.count() == 0 {
         return true;
     }
-    Stats::bump(&stats.commits);
-    match consumer.commit(tpl, mode) {
-        Ok(()) => true,
-        Err(e) => {
-            Stats::bump(&stats.commit_failures);
-            tracing::warn!(error = %e, "offset commit failed; it will be retried");
-            false
-        }
-    }
+    let started = Instant::now();
+    let result = consumer.commit(tpl, mode);
+    let error = result.as_ref().err().map(|e| e as &dyn std::fmt::Display);
+    CommitEnded { took: started.elapsed(), error }.emit(telemetry);
+    result.is_ok()
 }

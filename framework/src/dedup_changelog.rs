@@ -106,9 +106,9 @@ pub(crate) async fn restore<P: Processor>(shared: &Arc<Shared<P>>, topic: &str, 
         match result {
             Ok((applied, complete)) => {
                 let secs = started.elapsed().as_secs_f64();
-                shared.stats.dedup_restored.fetch_add(applied as u64, Relaxed);
+                shared.telemetry.stats.dedup_restored.fetch_add(applied as u64, Relaxed);
                 if complete {
-                    Stats::bump(&shared.stats.dedup_restores);
+                    Stats::bump(&shared.telemetry.stats.dedup_restores);
                 }
                 if applied > 0 || !complete {
                     tracing::info!(

@@ -35,6 +35,9 @@
 //! - [`dedup`], [`dedup_store`], `dedup_runtime` and `dedup_changelog` (internal): idempotency keys,
 //!   the RocksDB store, its run-time state, and its changelog topic (written, and restored on
 //!   assignment).
+//! - `telemetry` (internal): every happening as a typed event that logs, counts and records a
+//!   metric in one place; the metrics (through the `metrics` facade), the per-partition lag and
+//!   head-of-line gauges, the health probes and the HTTP listener ([`PipelineConfig::http`]).
 //! - [`config`], [`error`], [`record`], [`stats`], [`shutdown`], `clock`: the supporting pieces.
 //! - [`typed`] and [`codec`]: typed processors decode the value before the processor sees it;
 //!   [`avro`] with a [`schema_registry`] is the codec for Avro in the Confluent wire format.
@@ -99,6 +102,7 @@ pub mod schema_registry;
 mod shared;
 pub mod shutdown;
 pub mod stats;
+mod telemetry;
 mod transaction;
 pub mod typed;
 mod watchdog;

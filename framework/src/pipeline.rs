@@ -21,7 +21,7 @@ use crate::commit::Committer;
 use crate::config::PipelineConfig;
 use crate::context::RuntimeHandles;
 use crate::dedup_runtime::Dedup;
-use crate::error::Error;
+use crate::error::{ConfigError, Error};
 use crate::kafka::config::{
     admin_config, client_creation, consumer_config, max_message_bytes, producer_config, transactional_producer_config,
 };
@@ -35,6 +35,7 @@ use crate::rebalance::Hooks;
 use crate::rejected::Rejections;
 use crate::shared::{PollerWake, Shared};
 use crate::stats::Stats;
+use crate::telemetry::Telemetry;
 use crate::transaction::Transactions;
 use crate::watchdog::Watchdog;
 use rdkafka::admin::AdminClient;
@@ -42,6 +43,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -70,6 +72,8 @@ pub struct Pipeline<P: Processor> {
     pub(crate) shared: Arc<Shared<P>>,
     consumer: BaseConsumer<Hooks>,
     stop: CancellationToken,
+    /// The HTTP listener, bound by `new` ([`PipelineConfig::http`]).
+    http: Option<std::net::TcpListener>,
 }
 
 impl<P: Processor> Pipeline<P> {
@@ -77,7 +81,17 @@ impl<P: Processor> Pipeline<P> {
     /// named; does not need the brokers to be up.
     pub fn new(config: PipelineConfig, processor: P) -> Result<Self, Error> {
         config.validate()?;
-        let stats = Arc::new(Stats::default());
+        let http = config
+            .http
+            .map(|addr| {
+                crate::telemetry::http::recorder(); // before the metric handles are registered
+                crate::telemetry::http::bind(addr)
+                    .map_err(|e| ConfigError::new("http", format!("cannot listen on {addr}: {e}")))
+            })
+            .transpose()?;
+        let eos = config.exactly_once_settings().map_or(Duration::ZERO, |e| e.transaction_timeout);
+        let live_within = config.drain_timeout + config.commit_interval * 2 + eos + Duration::from_secs(60);
+        let telemetry = Arc::new(Telemetry::new(&config.name, &config.group_id, live_within));
         let log = Arc::new(KafkaLog::new(config.name.clone()));
         let producer: Producer = producer_config(&config)
             .create_with_context(ProducerHooks(log.clone()))
@@ -91,7 +105,7 @@ impl<P: Processor> Pipeline<P> {
                     .map_err(client_creation("transactional producer"))?;
                 Committer::Transactions(Arc::new(Transactions::new(
                     client,
-                    stats.clone(),
+                    telemetry.clone(),
                     dedup.clone(),
                     eo.clone(),
                     config.name.clone(),
@@ -103,7 +117,7 @@ impl<P: Processor> Pipeline<P> {
             committer,
             assignments: Arc::new(Mutex::new(Assignments::default())),
             starter: OnceLock::new(),
-            stats: stats.clone(),
+            telemetry: telemetry.clone(),
             drain_timeout: config.drain_timeout,
             name: config.name.clone(),
             version: AtomicU64::new(0),
@@ -137,16 +151,21 @@ impl<P: Processor> Pipeline<P> {
             concurrency: Semaphore::new(config.bounds.max_concurrency),
             config,
             handles: Arc::new(handles),
-            stats,
+            telemetry,
             resume_hint: AtomicBool::new(false),
             poller: PollerWake::default(),
         };
-        Ok(Self { shared: Arc::new(shared), consumer, stop: CancellationToken::new() })
+        Ok(Self { shared: Arc::new(shared), consumer, stop: CancellationToken::new(), http })
     }
 
     /// Live counters.
     pub fn stats(&self) -> Arc<Stats> {
-        self.shared.stats.clone()
+        self.shared.telemetry.stats.clone()
+    }
+
+    /// The address the HTTP listener is bound to ([`PipelineConfig::http`]; useful with port 0).
+    pub fn http_addr(&self) -> Option<std::net::SocketAddr> {
+        self.http.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// A token that stops the pipeline gracefully when cancelled: stop fetching, drain running and
@@ -164,8 +183,15 @@ impl<P: Processor> Pipeline<P> {
 
     /// Runs until the [`shutdown_token`](Self::shutdown_token) is cancelled or a fatal error occurs.
     pub async fn run(self) -> Result<RunSummary, Error> {
-        let Pipeline { shared, consumer, stop } = self;
+        let Pipeline { shared, consumer, stop, http } = self;
         let runtime = tokio::runtime::Handle::current();
+        // The listener serves until `run` returns (dropping `_served` stops it).
+        let served = CancellationToken::new();
+        let _served = served.clone().drop_guard();
+        if let Some(listener) = http {
+            crate::telemetry::http::serve(listener, shared.telemetry.clone(), served)
+                .map_err(|e| Error::Runtime(format!("cannot serve HTTP: {e}")))?;
+        }
         let starter: Starter = {
             let (shared, runtime) = (shared.clone(), runtime.clone());
             Box::new(move |topic, partition, epoch| partition::start(&shared, &runtime, topic, partition, epoch))
@@ -178,7 +204,7 @@ impl<P: Processor> Pipeline<P> {
             .name("millrace-poll".into())
             .spawn(move || {
                 let mut topics = TopicWatch::new(&shared.config);
-                let result = cluster::reach(&consumer, &shared.config, &stop, &shared.stats, &mut topics);
+                let result = cluster::reach(&consumer, &shared.config, &stop, &shared.telemetry.stats, &mut topics);
                 let result = result.and_then(|()| match consumer.context().committer.transactions() {
                     // Fences earlier incarnations of this transactional id before consuming.
                     Some(txn) => txn.init(&stop).map_err(Error::Transaction),

@@ -114,8 +114,8 @@ impl<'c, P: Processor> PollLoop<'c, P> {
         let mut producer_ready = true;
         while !self.stop.is_cancelled() {
             // The DLQ circuit breaker pauses every partition while open (newly assigned ones too).
-            let breaker_flag = self.shared.stats.breaker_open.load(Relaxed) != 0;
-            if breaker_flag && self.shared.breaker.is_open(&self.shared.stats, &self.shared.config.name) {
+            let breaker_flag = self.shared.telemetry.stats.breaker_open.load(Relaxed) != 0;
+            if breaker_flag && self.shared.breaker.is_open(&self.shared.telemetry) {
                 self.flush(&mut batches);
                 let all: Vec<_> = self.hooks().lock().handles().cloned().collect();
                 self.pause(&all);
@@ -128,7 +128,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
                 self.flush(&mut batches);
                 self.shared.wait_for_room();
             }
-            let paused = self.shared.stats.paused_partitions.load(Relaxed) > 0;
+            let paused = self.shared.telemetry.stats.paused_partitions.load(Relaxed) > 0;
             let wait = if batches.records > 0 {
                 Duration::ZERO
             } else if paused {
@@ -161,7 +161,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
                 result = Err(Error::Kafka(e));
                 break;
             }
-            if let Err(e) = self.topics.check(self.consumer, &self.shared.stats) {
+            if let Err(e) = self.topics.check(self.consumer, &self.shared.telemetry.stats) {
                 result = Err(e);
                 break;
             }
@@ -210,6 +210,8 @@ impl<'c, P: Processor> PollLoop<'c, P> {
             }
             let records_due = every.is_some_and(|n| self.completed().saturating_sub(completed_at_commit) >= n);
             if records_due || (check_clock && Instant::now() >= next_commit) {
+                self.shared.telemetry.stats.beat();
+                self.shared.telemetry.publish();
                 completed_at_commit = self.completed();
                 self.flush(&mut batches);
                 let now = Instant::now();
@@ -230,13 +232,13 @@ impl<'c, P: Processor> PollLoop<'c, P> {
         // Records batched but never handed over were not tracked: they are simply not committed.
         drop(batches);
         let drained = self.shutdown(result.is_ok() && producer_ready);
-        let s = self.shared.stats.snapshot();
+        let s = self.shared.telemetry.stats.snapshot();
         result.map(|()| RunSummary { processed: s.processed, failed: s.failed, drained })
     }
 
     /// Records finished so far (processed, dead-lettered or skipped as duplicates).
     fn completed(&self) -> u64 {
-        let s = &self.shared.stats;
+        let s = &self.shared.telemetry.stats;
         s.processed.load(Relaxed) + s.dead_lettered.load(Relaxed) + s.dedup_hits.load(Relaxed)
     }
 
@@ -261,7 +263,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
         if batches.records == 0 {
             return;
         }
-        self.shared.stats.polled.fetch_add(batches.records as u64, Relaxed);
+        self.shared.telemetry.stats.polled.fetch_add(batches.records as u64, Relaxed);
         batches.records = 0;
         batches.bytes = 0;
         let bounds = &self.shared.config.bounds;
@@ -270,7 +272,8 @@ impl<'c, P: Processor> PollLoop<'c, P> {
         let per_partition = bounds.max_in_flight_per_partition < bounds.max_in_flight_total;
         let mut full = Vec::new();
         for (_, (handle, records)) in batches.by_epoch.drain() {
-            if handle.send(records, &self.shared.stats) >= bounds.max_in_flight_per_partition && per_partition {
+            if handle.send(records, &self.shared.telemetry.stats) >= bounds.max_in_flight_per_partition && per_partition
+            {
                 full.push(handle);
             }
         }
@@ -285,7 +288,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
         for h in handles.iter().filter(|h| !h.is_paused()) {
             tpl.add_partition(&h.topic, h.partition);
             h.set_paused(true);
-            Stats::bump(&self.shared.stats.paused_partitions);
+            Stats::bump(&self.shared.telemetry.stats.paused_partitions);
         }
         if tpl.count() > 0
             && let Err(e) = self.consumer.pause(&tpl)
@@ -296,7 +299,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
 
     /// Resumes paused partitions that drained to half their bound.
     fn resume_drained(&self) {
-        if self.shared.stats.breaker_open.load(Relaxed) != 0 {
+        if self.shared.telemetry.stats.breaker_open.load(Relaxed) != 0 {
             return; // the circuit breaker holds everything paused
         }
         let half = self.shared.config.bounds.max_in_flight_per_partition / 2;
@@ -305,7 +308,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
             if h.is_paused() && h.buffered() <= half {
                 tpl.add_partition(&h.topic, h.partition);
                 h.set_paused(false);
-                self.shared.stats.paused_partitions.fetch_sub(1, Relaxed);
+                self.shared.telemetry.stats.paused_partitions.fetch_sub(1, Relaxed);
             }
         }
         if tpl.count() > 0
@@ -325,7 +328,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
         self.rewind_deferred()?;
         let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
         self.advance_idle(&handles);
-        let outcome = self.hooks().committer.progress(self.consumer, &handles, refresh, &self.shared.stats);
+        let outcome = self.hooks().committer.progress(self.consumer, &handles, refresh, &self.shared.telemetry);
         self.after_transaction(outcome)
     }
 
@@ -396,7 +399,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
     /// partitions are given up. Returns whether everything finished in time.
     fn shutdown(&self, commit: bool) -> bool {
         let name = &self.shared.config.name;
-        let in_flight = self.shared.stats.in_flight.load(Relaxed);
+        let in_flight = self.shared.telemetry.stats.in_flight.load(Relaxed);
         tracing::info!(pipeline = %name, in_flight, "shutting down: draining");
         // Processors can see the shutdown (and retries waiting on a backoff give up at once).
         self.shared.handles.shutdown.cancel();
@@ -411,11 +414,11 @@ impl<'c, P: Processor> PollLoop<'c, P> {
             tracing::warn!(pipeline = %name, "drain deadline passed; committing only the completed prefix");
         }
         if commit {
-            self.hooks().committer.released(self.consumer, &released, &self.shared.stats, name);
+            self.hooks().committer.released(self.consumer, &released, &self.shared.telemetry);
         } else {
-            self.hooks().committer.abandon(&released, &self.shared.stats);
+            self.hooks().committer.abandon(&released, &self.shared.telemetry.stats);
         }
-        let s = &self.shared.stats;
+        let s = &self.shared.telemetry.stats;
         s.revocations.fetch_add(released.len() as u64, Relaxed);
         s.assigned_partitions.store(0, Relaxed);
         s.paused_partitions.store(0, Relaxed);

@@ -15,6 +15,8 @@ use crate::kafka::log::KafkaLog;
 use crate::partition::PartitionHandle;
 use crate::retry::Backoff;
 use crate::stats::Stats;
+use crate::telemetry::Telemetry;
+use crate::telemetry::events::{AsyncCommitFailed, PartitionsAssigned, PartitionsRevoked};
 use crate::watchdog::Watchdog;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
@@ -31,7 +33,7 @@ pub(crate) struct Hooks {
     pub(crate) assignments: Arc<Mutex<Assignments>>,
     /// Set when the pipeline runs (it needs the runtime).
     pub(crate) starter: OnceLock<Starter>,
-    pub(crate) stats: Arc<Stats>,
+    pub(crate) telemetry: Arc<Telemetry>,
     pub(crate) drain_timeout: Duration,
     pub(crate) name: String,
     /// Bumped whenever the assignment changes (invalidates the poll thread's handle cache).
@@ -59,16 +61,13 @@ impl Hooks {
         if handles.is_empty() {
             return;
         }
-        self.stats.revocations.fetch_add(handles.len() as u64, Relaxed);
-        self.stats.assigned_partitions.fetch_sub(handles.len() as u64, Relaxed);
         let paused = handles.iter().filter(|h| h.is_paused()).count() as u64;
-        self.stats.paused_partitions.fetch_sub(paused, Relaxed);
+        PartitionsRevoked { count: handles.len() as u64, paused, lost }.emit(&self.telemetry);
         // Queued records are dropped; running ones may finish until the deadline (none when lost).
         let deadline = if lost { Instant::now() } else { Instant::now() + self.drain_timeout };
         let stops: Vec<_> = handles.iter().map(|h| h.stop(false, deadline)).collect();
         if lost {
-            tracing::warn!(pipeline = %self.name, partitions = handles.len(), "partitions lost; not committing (another member owns them)");
-            self.committer.lost(&handles, &self.stats);
+            self.committer.lost(&handles, &self.telemetry.stats);
             return;
         }
         for (h, stop) in handles.iter().zip(stops) {
@@ -77,8 +76,7 @@ impl Hooks {
                     "drain deadline passed on revoke; committing only the completed prefix");
             }
         }
-        tracing::info!(pipeline = %self.name, revoked = handles.len(), "partitions revoked");
-        self.committer.released(consumer, &handles, &self.stats, &self.name);
+        self.committer.released(consumer, &handles, &self.telemetry);
     }
 
     /// Exactly-once, after an aborted transaction: replaces the task of each of `handles` still
@@ -145,13 +143,13 @@ impl Hooks {
             };
             // The old task drops its queued records and nothing reads its completions any more.
             let _ = old.stop(false, Instant::now());
-            old.pending.discard(&self.stats);
+            old.pending.discard(&self.telemetry.stats);
             if !replaced {
                 continue;
             }
-            Stats::bump(&self.stats.rewinds);
+            Stats::bump(&self.telemetry.stats.rewinds);
             if old.is_paused() {
-                self.stats.paused_partitions.fetch_sub(1, Relaxed);
+                self.telemetry.stats.paused_partitions.fetch_sub(1, Relaxed);
                 let mut tpl = TopicPartitionList::new();
                 tpl.add_partition(&old.topic, old.partition);
                 consumer.resume(&tpl)?;
@@ -174,10 +172,7 @@ impl Hooks {
         for e in tpl.elements() {
             a.insert(e.topic(), e.partition(), start);
         }
-        let n = tpl.count() as u64;
-        self.stats.assignments.fetch_add(n, Relaxed);
-        self.stats.assigned_partitions.fetch_add(n, Relaxed);
-        tracing::info!(pipeline = %self.name, assigned = n, "partitions assigned");
+        PartitionsAssigned { count: tpl.count() as u64 }.emit(&self.telemetry);
     }
 }
 
@@ -191,8 +186,10 @@ impl ClientContext for Hooks {
     }
 
     fn stats(&self, statistics: Statistics) {
-        let busy = self.stats.breaker_open.load(Relaxed) != 0;
-        self.watchdog.observe(&statistics, &self.lock(), &self.stats, busy);
+        let busy = self.telemetry.stats.breaker_open.load(Relaxed) != 0;
+        let owned = self.lock();
+        self.watchdog.observe(&statistics, &owned, &self.telemetry.stats, busy);
+        self.telemetry.observe_partitions(&statistics, &owned, self.watchdog.read_committed());
     }
 }
 
@@ -220,9 +217,8 @@ impl ConsumerContext for Hooks {
 
     fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
         if let Err(e) = result {
-            Stats::bump(&self.stats.commit_failures);
+            AsyncCommitFailed { error: &e.to_string() }.emit(&self.telemetry, &self.log);
             self.committer.async_commit_failed();
-            self.log.warn("async offset commit failed", &e.to_string());
         }
     }
 }

@@ -7,7 +7,7 @@ use crate::context::RuntimeHandles;
 use crate::dedup_runtime::Dedup;
 use crate::kafka::log::KafkaLog;
 use crate::rejected::Rejections;
-use crate::stats::Stats;
+use crate::telemetry::Telemetry;
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
 use std::collections::HashSet;
@@ -24,7 +24,8 @@ pub(crate) struct Shared<P> {
     pub(crate) processor: P,
     pub(crate) config: PipelineConfig,
     pub(crate) handles: Arc<RuntimeHandles>,
-    pub(crate) stats: Arc<Stats>,
+    /// Counters, logs and metrics ([`crate::telemetry`]).
+    pub(crate) telemetry: Arc<Telemetry>,
     pub(crate) concurrency: Semaphore,
     /// Set by partition tasks when a paused partition has drained enough to resume.
     pub(crate) resume_hint: AtomicBool,
@@ -64,16 +65,16 @@ impl<P> Shared<P> {
     /// the total bounds.
     pub(crate) fn over_total(&self, pending: usize, pending_bytes: usize) -> bool {
         let b = &self.config.bounds;
-        self.stats.in_flight.load(Relaxed) + pending as u64 >= b.max_in_flight_total as u64
-            || self.stats.buffered_bytes.load(Relaxed) + pending_bytes as u64 >= b.max_buffered_bytes as u64
+        self.telemetry.stats.in_flight.load(Relaxed) + pending as u64 >= b.max_in_flight_total as u64
+            || self.telemetry.stats.buffered_bytes.load(Relaxed) + pending_bytes as u64 >= b.max_buffered_bytes as u64
     }
 
     /// Whether in-flight work is above three quarters of the total bounds: the poll thread, once
     /// throttled, resumes below that, so that it refills in large batches rather than one by one.
     fn over_low_water(&self) -> bool {
         let b = &self.config.bounds;
-        self.stats.in_flight.load(Relaxed) > (b.max_in_flight_total as u64 * 3 / 4)
-            || self.stats.buffered_bytes.load(Relaxed) > (b.max_buffered_bytes as u64 * 3 / 4)
+        self.telemetry.stats.in_flight.load(Relaxed) > (b.max_in_flight_total as u64 * 3 / 4)
+            || self.telemetry.stats.buffered_bytes.load(Relaxed) > (b.max_buffered_bytes as u64 * 3 / 4)
     }
 
     /// Blocks the poll thread until in-flight work drops under the low-water mark, or `POLL_WAIT` passed.

@@ -1,6 +1,6 @@
 //! Live counters of a pipeline, readable while it runs (for tests, health checks and metrics export).
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
 /// Counters and gauges of one pipeline. Read them with [`Stats::snapshot`].
 #[derive(Debug, Default)]
@@ -39,6 +39,10 @@ pub struct Stats {
     pub(crate) stalled_partitions: AtomicU64,
     pub(crate) cluster_unreachable: AtomicU64,
     pub(crate) missing_topics: AtomicU64,
+    /// When the poll thread last turned (ms since the epoch): the liveness probe.
+    pub(crate) poll_turn_ms: AtomicI64,
+    /// Set once the member joined its group (its first assignment, even an empty one).
+    pub(crate) joined: AtomicU64,
 }
 
 /// A point-in-time copy of [`Stats`].
@@ -180,6 +184,11 @@ impl Stats {
     pub(crate) fn started(&self) {
         let now = self.running.fetch_add(1, Relaxed) + 1;
         self.running_peak.fetch_max(now, Relaxed);
+    }
+
+    /// The poll thread is turning (liveness).
+    pub(crate) fn beat(&self) {
+        self.poll_turn_ms.store(crate::clock::now_ms(), Relaxed);
     }
 
     pub(crate) fn bump(counter: &AtomicU64) {

@@ -45,6 +45,8 @@ use crate::partition::PartitionHandle;
 use crate::rejected::{Produced, Source};
 use crate::retry::Backoff;
 use crate::stats::Stats;
+use crate::telemetry::Telemetry;
+use crate::telemetry::events::{InjectedAbort, TransactionAborting, TransactionCommitted};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer as _;
@@ -74,7 +76,7 @@ pub(crate) enum TxnOutcome {
 /// The transactional producer's side of exactly-once mode.
 pub(crate) struct Transactions {
     client: TxnClient,
-    stats: Arc<Stats>,
+    telemetry: Arc<Telemetry>,
     dedup: Option<Arc<Dedup>>,
     settings: ExactlyOnce,
     name: String,
@@ -137,14 +139,14 @@ struct SentKey {
 impl Transactions {
     pub(crate) fn new(
         client: TxnClient,
-        stats: Arc<Stats>,
+        telemetry: Arc<Telemetry>,
         dedup: Option<Arc<Dedup>>,
         settings: ExactlyOnce,
         name: String,
     ) -> Self {
         Self {
             client,
-            stats,
+            telemetry,
             dedup,
             settings,
             name,
@@ -201,7 +203,7 @@ impl Transactions {
         self.client.replace()?;
         match self.client.init(stop) {
             Ok(()) => {
-                Stats::bump(&self.stats.producer_resets);
+                Stats::bump(&self.telemetry.stats.producer_resets);
                 tracing::info!(pipeline = %self.name, "transactional producer replaced");
                 Ok(true)
             }
@@ -231,7 +233,7 @@ impl Transactions {
                     "fenced: the transaction coordinator aborted this instance's open transaction (it stayed open past \
                      transaction_timeout, e.g. the process was paused) or another producer initialised this transactional \
                      id; replacing the producer and redoing uncommitted work");
-                Stats::bump(&self.stats.fenced_recoveries);
+                Stats::bump(&self.telemetry.stats.fenced_recoveries);
                 lock(&self.reset_cause).get_or_insert(e);
                 return TxnOutcome::Reset;
             }
@@ -283,7 +285,7 @@ impl Transactions {
                 Some(i) => open.parts[i].1 != end,
                 None => h.commit_candidate().is_some(),
             };
-            let entries = h.pending.take_below(end, &self.stats);
+            let entries = h.pending.take_below(end, &self.telemetry.stats);
             if entries.is_empty() && !moved {
                 continue;
             }
@@ -301,13 +303,13 @@ impl Transactions {
                         _ => {
                             tracing::warn!(pipeline = %self.name, error = %e, "begin_transaction failed");
                             let lost = std::mem::take(&mut *open);
-                            Stats::bump(&self.stats.transactions_aborted);
+                            TransactionAborting.emit(&self.telemetry);
                             TxnOutcome::Aborted(lost.parts.into_iter().map(|(h, _)| h).collect())
                         }
                     });
                 }
                 open.began = true;
-                Stats::bump(&self.stats.commits);
+                Stats::bump(&self.telemetry.stats.commits);
             }
             let now = crate::clock::now_ms();
             for (offset, entry) in entries {
@@ -376,8 +378,7 @@ impl Transactions {
         }
         let offsets_sent = started.elapsed();
         if self.inject_abort() {
-            tracing::info!(pipeline = %self.name, "aborting this transaction on purpose (inject_abort_ratio)");
-            Stats::bump(&self.stats.transactions_injected_aborts);
+            InjectedAbort.emit(&self.telemetry);
             return self.abort(&producer, &mut open);
         }
         self.await_deliveries(&producer);
@@ -391,11 +392,16 @@ impl Transactions {
         {
             return outcome;
         }
-        Stats::bump(&self.stats.transactions_committed);
         self.client.clear_outage();
         let done = std::mem::take(&mut *open);
-        tracing::debug!(pipeline = %self.name, outputs = done.outputs, partitions = done.parts.len(), ?pumped, ?offsets_sent, took = ?started.elapsed(), "transaction committed");
-        self.stats.committed_outputs.fetch_add(done.outputs, std::sync::atomic::Ordering::Relaxed);
+        TransactionCommitted {
+            outputs: done.outputs,
+            partitions: done.parts.len(),
+            pumped,
+            offsets_sent,
+            took: started.elapsed(),
+        }
+        .emit(&self.telemetry);
         drop(open);
         for (h, end) in &done.parts {
             h.set_committed(*end);
@@ -478,7 +484,7 @@ impl Transactions {
     /// confirmed within the transaction timeout, the outcome is unknown and the producer is reset.
     fn abort(&self, producer: &TxnProducer, open: &mut OpenTxn) -> TxnOutcome {
         let aborted = std::mem::take(open);
-        Stats::bump(&self.stats.transactions_aborted);
+        TransactionAborting.emit(&self.telemetry);
         let started = Instant::now();
         // Let the requests in flight finish first: after a produce error that needs an epoch bump,
         // the abort bumps the producer epoch, and a request of the old epoch answered after that

@@ -74,6 +74,11 @@ impl Watchdog {
         Self { name, bootstrap, timeout, read_committed, state: Mutex::default() }
     }
 
+    /// Whether the consumer reads `read_committed` (exactly-once).
+    pub(crate) fn read_committed(&self) -> bool {
+        self.read_committed
+    }
+
     /// Takes one statistics report: updates the cluster and partition gauges, and reports what
     /// changed. `busy` is whether the pipeline holds back every partition now (circuit breaker).
     pub(crate) fn observe(&self, report: &Statistics, owned: &Assignments, stats: &Stats, busy: bool) {

@@ -1,5 +1,6 @@
 //! Pipeline configuration, validated at start-up with the offending field named.
 
+mod operate;
 mod parts;
 
 pub use parts::{Bounds, CircuitBreakerConfig, Delivery, DlqConfig, ExactlyOnce, ProcessingOrder};
@@ -88,6 +89,9 @@ pub struct PipelineConfig {
     /// and counted in [`StatsSnapshot::missing_topics`](crate::StatsSnapshot::missing_topics), and
     /// the pipeline keeps consuming its other topics and picks the topic up when it is (re)created.
     pub fail_on_missing_topic: bool,
+    /// Where the pipeline serves `/metrics`, `/health/live` and `/health/ready` (off unless set; see
+    /// [`http`](Self::http)).
+    pub http: Option<std::net::SocketAddr>,
 }
 
 const OWNED_PROPERTIES: [&str; 4] = ["enable.auto.commit", "enable.auto.offset.store", "group.id", "bootstrap.servers"];
@@ -121,6 +125,7 @@ impl PipelineConfig {
             stall_timeout: Duration::from_secs(60),
             startup_timeout: None,
             fail_on_missing_topic: false,
+            http: None,
         }
     }
 
@@ -215,74 +220,6 @@ impl PipelineConfig {
     /// The DLQ topic for records from `source`.
     pub fn dlq_topic(&self, source: &str) -> String {
         crate::dlq::topic_for(&self.dlq.topic, source)
-    }
-
-    /// Sets how long a partition (or the cluster) may make no progress before it is reported.
-    ///
-    /// A partition is *stalled* when Millrace owns it, has not paused it and holds none of its
-    /// records, and its fetch position has not moved for this long although either readable records
-    /// lie ahead of it (the fetch keeps failing, e.g. on a compression codec the client cannot
-    /// decode) or, in exactly-once mode (`read_committed`), a transaction left open holds the last
-    /// stable offset below the high watermark (a hanging transaction). Each stall is logged once at
-    /// error level naming topic, partition, position and end, counted in
-    /// [`StatsSnapshot::stalled_partitions`](crate::StatsSnapshot::stalled_partitions), and cleared
-    /// when the partition moves. The watchdog reads librdkafka's statistics, which Millrace asks for
-    /// four times per timeout (`statistics.interval.ms`, at most every 5 s) unless that property is
-    /// set (0 turns the watchdog off). Stalls are reported, never acted on: `run()` goes on.
-    ///
-    /// ```
-    /// use millrace::PipelineConfig;
-    /// use std::time::Duration;
-    ///
-    /// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"]).stall_timeout(Duration::from_secs(30));
-    /// assert!(config.validate().is_ok());
-    /// let bad = config.stall_timeout(Duration::from_millis(10));
-    /// assert_eq!(bad.validate().unwrap_err().field, "stall_timeout");
-    /// ```
-    pub fn stall_timeout(mut self, timeout: Duration) -> Self {
-        self.stall_timeout = timeout;
-        self
-    }
-
-    /// Fails `run()` with [`Error::Unreachable`](crate::Error::Unreachable) (naming the bootstrap
-    /// list) when no broker answered within `timeout` of the start. Without it the pipeline retries
-    /// for as long as it runs (logging one error after [`stall_timeout`](Self::stall_timeout)), and
-    /// if it is stopped before any broker answered, `run()` returns that same error rather than
-    /// `Ok`. Only start-up is bounded: an outage after the cluster was reached is ridden out.
-    ///
-    /// ```
-    /// use millrace::PipelineConfig;
-    /// use std::time::Duration;
-    ///
-    /// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"]).startup_timeout(Duration::from_secs(30));
-    /// assert_eq!(config.startup_timeout, Some(Duration::from_secs(30)));
-    /// ```
-    pub fn startup_timeout(mut self, timeout: Duration) -> Self {
-        self.startup_timeout = Some(timeout);
-        self
-    }
-
-    /// Whether a missing input topic fails `run()` with
-    /// [`Error::MissingTopic`](crate::Error::MissingTopic): at start-up (checked once the cluster
-    /// answers) or when it disappears while running (deleted; librdkafka then revokes its
-    /// partitions).
-    ///
-    /// Off by default, because a Kafka consumer normally waits for its topics (deployments often
-    /// create them beside the application, and a re-created topic is picked up again): the missing
-    /// topic is logged once at error level, counted in
-    /// [`StatsSnapshot::missing_topics`](crate::StatsSnapshot::missing_topics) (cleared when it exists
-    /// again), and the other topics keep flowing. Turn it on when a missing topic means a broken
-    /// deployment that should stop the service.
-    ///
-    /// ```
-    /// use millrace::PipelineConfig;
-    ///
-    /// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"]).fail_on_missing_topic(true);
-    /// assert!(config.fail_on_missing_topic);
-    /// ```
-    pub fn fail_on_missing_topic(mut self, fail: bool) -> Self {
-        self.fail_on_missing_topic = fail;
-        self
     }
 
     /// Adds a Kafka property for both clients.

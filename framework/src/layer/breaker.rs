@@ -9,11 +9,11 @@ use tokio_util::sync::CancellationToken;
 
 /// Returns once the breaker is closed; `false` when `cancel` fired first.
 pub(crate) async fn closed<P: Processor>(shared: &Shared<P>, cancel: &CancellationToken) -> bool {
-    if shared.stats.breaker_open.load(Relaxed) == 0 {
+    if shared.telemetry.stats.breaker_open.load(Relaxed) == 0 {
         return true;
     }
     tokio::select! {
-        _ = shared.breaker.closed(&shared.stats) => true,
+        _ = shared.breaker.closed(&shared.telemetry.stats) => true,
         _ = cancel.cancelled() => false,
     }
 }

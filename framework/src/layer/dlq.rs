@@ -16,7 +16,7 @@ use crate::processor::Processor;
 use crate::record::Record;
 use crate::retry::Backoff;
 use crate::shared::Shared;
-use crate::stats::Stats;
+use crate::telemetry::events::{DlqProduceFailed, RecordDeadLettered};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -55,16 +55,11 @@ async fn dead_letter<P: Processor>(
         };
         match result {
             Ok(()) => {
-                tracing::warn!(
-                    pipeline = %shared.config.name, topic = %record.topic, partition = record.partition,
-                    offset = record.offset, dlq = %topic, kind = %failure.kind, error = %failure.message,
-                    "record dead-lettered"
-                );
+                RecordDeadLettered { record, dlq: &topic, failure }.emit(&shared.telemetry);
                 return Outcome::DeadLettered(if transactional { vec![out] } else { Vec::new() });
             }
             Err(e) => {
-                Stats::bump(&shared.stats.dlq_produce_failures);
-                shared.log.warn(&format!("DLQ produce to {topic} failed; the record stays uncommitted"), &e);
+                DlqProduceFailed { dlq: &topic, error: &e }.emit(&shared.telemetry, &shared.log);
             }
         }
         if !backoff.wait(cancel).await {

@@ -170,7 +170,7 @@ mod tests {
         let s = shared(2, false, |c| c);
         let done = run_one(&s, &record(0, "a"), &CancellationToken::new()).await;
         assert!(matches!(done.outcome, Outcome::Done(_)), "{done:?}");
-        assert_eq!((s.processor.calls.load(Relaxed), s.stats.retries.load(Relaxed)), (3, 2));
+        assert_eq!((s.processor.calls.load(Relaxed), s.telemetry.stats.retries.load(Relaxed)), (3, 2));
     }
 
     #[tokio::test]
@@ -207,7 +207,7 @@ mod tests {
     async fn an_open_breaker_holds_records_until_cancelled() {
         let breaker = crate::CircuitBreakerConfig { enabled: true, max_consecutive: 1, ..Default::default() };
         let s = shared(0, false, |c| c.circuit_breaker(breaker));
-        assert!(s.breaker.record(1, true, &s.stats, "layers"), "one dead-lettered record trips it");
+        assert!(s.breaker.record(1, true, &s.telemetry), "one dead-lettered record trips it");
         let cancel = CancellationToken::new();
         let stop = cancel.clone();
         tokio::spawn(async move {

@@ -11,9 +11,10 @@ use crate::layer::Outcome;
 use crate::processor::Processor;
 use crate::record::Record;
 use crate::shared::Shared;
-use crate::stats::Stats;
+use crate::telemetry::events::{ProcessorPanicked, RetryScheduled};
 use futures::FutureExt;
 use std::panic::AssertUnwindSafe;
+use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Runs `record` through the processor until it succeeds (`Ok`), fails for good (`Err` with how), or
@@ -32,18 +33,26 @@ pub(crate) async fn attempt_until_done<P: Processor>(
         // The concurrency bound counts records inside the processor: the permit is not held while
         // outputs await their acknowledgement or a retry waits out its backoff.
         let Some(permit) = permit(&shared.concurrency).await else { return Ok(Outcome::Abandoned) };
+        let started = Instant::now();
         let processed = AssertUnwindSafe(shared.processor.process(record, &ctx)).catch_unwind().await;
         drop(permit);
         let result = match processed {
             Ok(Ok(())) => ctx.acknowledged().await.map_err(ProcessError::from),
             Ok(Err(e)) => Err(e),
             Err(panic) => {
-                Stats::bump(&shared.stats.panics);
+                ProcessorPanicked.emit(&shared.telemetry);
                 Err(ProcessError::panic(format!("processor panicked: {}", panic_message(&*panic))))
             }
         };
+        let metrics = &shared.telemetry.metrics;
+        metrics.attempt.record(started.elapsed().as_secs_f64());
         let error = match result {
-            Ok(outputs) => return Ok(Outcome::Done(outputs)),
+            Ok(outputs) => {
+                if let Some(ts) = record.timestamp {
+                    metrics.latency.record((now_ms() - ts).max(0) as f64 / 1000.0);
+                }
+                return Ok(Outcome::Done(outputs));
+            }
             Err(e) => e,
         };
         let failed_at = now_ms();
@@ -63,11 +72,7 @@ pub(crate) async fn attempt_until_done<P: Processor>(
                 last_failure_ms: failed_at,
             });
         };
-        Stats::bump(&shared.stats.retries);
-        tracing::warn!(
-            pipeline = %shared.config.name, topic = %record.topic, partition = record.partition,
-            offset = record.offset, attempt, ?delay, error = %error, "transient failure; retrying"
-        );
+        RetryScheduled { record, attempt, delay, error: &error }.emit(&shared.telemetry);
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = cancel.cancelled() => return Ok(Outcome::Abandoned),

@@ -134,6 +134,11 @@ impl PartitionHandle {
         self.committable().filter(|c| *c != self.last_committed.load(Relaxed))
     }
 
+    /// The offset last committed in this epoch, if any.
+    pub(crate) fn last_committed(&self) -> Option<i64> {
+        Some(self.last_committed.load(Relaxed)).filter(|o| *o != NO_OFFSET)
+    }
+
     /// Remembers a successful commit.
     pub(crate) fn set_committed(&self, offset: i64) {
         self.last_committed.store(offset, Relaxed);

@@ -10,6 +10,7 @@ use crate::pending;
 use crate::processor::Processor;
 use crate::record::Record;
 use crate::shared::Shared;
+use crate::telemetry::events::RecordFailed;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use rustc_hash::FxHashMap;
@@ -229,7 +230,7 @@ impl<P: Processor> PartitionTask<P> {
             match (&mut processing).now_or_never() {
                 None => {
                     // It waits (I/O, a timer, the concurrency bound): counted as running until it ends.
-                    self.shared.stats.started();
+                    self.shared.telemetry.stats.started();
                     return running.push(processing);
                 }
                 Some(finished) => match self.finish(finished) {
@@ -282,11 +283,8 @@ impl<P: Processor> PartitionTask<P> {
             }
             Outcome::Failed(failure) => {
                 self.tally.failed += 1;
-                tracing::error!(
-                    pipeline = %self.shared.config.name, topic = %self.handle.topic, partition = self.handle.partition,
-                    offset = f.offset, kind = %failure.kind, error = %failure.message,
-                    "record failed (DLQ off); its offset will not be committed past"
-                );
+                RecordFailed { topic: &self.handle.topic, partition: self.handle.partition, offset: f.offset, failure }
+                    .emit(&self.shared.telemetry);
                 false
             }
             Outcome::Abandoned => false,
@@ -300,7 +298,7 @@ impl<P: Processor> PartitionTask<P> {
             Outcome::Done(_) | Outcome::Duplicate => self.tally.succeeded_for_breaker += 1,
             Outcome::DeadLettered(_) | Outcome::Failed(_) => {
                 self.flush_breaker();
-                if self.shared.breaker.record(1, true, &self.shared.stats, &self.shared.config.name) {
+                if self.shared.breaker.record(1, true, &self.shared.telemetry) {
                     self.shared.wake_poller();
                 }
             }
@@ -318,14 +316,14 @@ impl<P: Processor> PartitionTask<P> {
     /// commit its offset; done before the offset is published as committable.
     fn keep_for_transaction(&self, offset: i64, entry: pending::Entry) {
         if !entry.outputs.is_empty() || entry.dedup_key.is_some() {
-            self.handle.pending.push(offset, entry, &self.shared.stats);
+            self.handle.pending.push(offset, entry, &self.shared.telemetry.stats);
         }
     }
 
     fn flush_breaker(&mut self) {
         let ok = std::mem::take(&mut self.tally.succeeded_for_breaker);
         if ok > 0 {
-            self.shared.breaker.record(ok, false, &self.shared.stats, &self.shared.config.name);
+            self.shared.breaker.record(ok, false, &self.shared.telemetry);
         }
     }
 
@@ -334,7 +332,7 @@ impl<P: Processor> PartitionTask<P> {
     fn flush_tally(&mut self) {
         self.flush_breaker();
         let t = std::mem::take(&mut self.tally);
-        let s = &self.shared.stats;
+        let s = &self.shared.telemetry.stats;
         if t.finished_running > 0 {
             s.running.fetch_sub(t.finished_running, Relaxed);
         }
@@ -368,7 +366,7 @@ impl<P: Processor> PartitionTask<P> {
     /// Drops every queued (not started) record: they stay uncommitted and are redelivered later.
     fn drop_queued(&mut self) {
         let queued: Vec<Record> = self.lanes.values_mut().flat_map(|q| q.drain(..)).collect();
-        self.shared.stats.discarded_on_revoke.fetch_add(queued.len() as u64, Relaxed);
+        self.shared.telemetry.stats.discarded_on_revoke.fetch_add(queued.len() as u64, Relaxed);
         for record in queued {
             self.release(record.byte_len() as u64);
         }

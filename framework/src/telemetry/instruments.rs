@@ -1,0 +1,143 @@
+//! The pipeline's metrics: names, help texts and handles, labelled `pipeline` and `group`.
+//!
+//! Names follow Prometheus conventions (`millrace_` prefix, `_total` for counters, base units such
+//! as `_seconds` and `_bytes`). Handles are registered once, when the pipeline is built, with the
+//! recorder installed at that moment (install an application recorder before `Pipeline::new`).
+//! Without a recorder every handle is a no-op.
+
+use crate::stats::StatsSnapshot;
+use metrics::{
+    Counter, Gauge, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+use std::sync::Once;
+
+/// Counters copied from [`StatsSnapshot`] (name, help, field).
+type Field = fn(&StatsSnapshot) -> u64;
+const COUNTERS: [(&str, &str, Field); 17] = [
+    ("millrace_records_polled_total", "Records polled and handed to their partitions.", |s| s.polled),
+    ("millrace_records_processed_total", "Records processed successfully (outputs acknowledged).", |s| s.processed),
+    ("millrace_records_failed_total", "Records that failed for good with the DLQ off (left uncommitted).", |s| {
+        s.failed
+    }),
+    ("millrace_dedup_hits_total", "Records skipped because their idempotency key was already processed.", |s| {
+        s.dedup_hits
+    }),
+    ("millrace_dedup_restored_entries_total", "Dedup entries restored from the changelog.", |s| s.dedup_restored),
+    ("millrace_panics_total", "Processor panics caught (each fails its record permanently).", |s| s.panics),
+    ("millrace_dlq_produce_failures_total", "DLQ produce attempts that failed (retried).", |s| s.dlq_produce_failures),
+    ("millrace_breaker_trips_total", "Times the DLQ circuit breaker opened.", |s| s.breaker_trips),
+    ("millrace_partitions_assigned_total", "Partitions assigned to this member.", |s| s.assignments),
+    ("millrace_partitions_revoked_total", "Partitions revoked from (or lost by) this member.", |s| s.revocations),
+    ("millrace_commits_total", "Offset commits and transaction commits issued.", |s| s.commits),
+    ("millrace_commit_failures_total", "Offset commits refused or timed out (retried).", |s| s.commit_failures),
+    ("millrace_transactions_committed_total", "Exactly-once: transactions committed.", |s| s.transactions_committed),
+    ("millrace_transactions_aborted_total", "Exactly-once: transactions aborted.", |s| s.transactions_aborted),
+    ("millrace_rewinds_total", "Exactly-once: partitions rewound to their committed offset.", |s| s.rewinds),
+    ("millrace_producer_resets_total", "Exactly-once: transactional producers replaced.", |s| s.producer_resets),
+    ("millrace_discarded_on_revoke_total", "Queued records dropped on revoke (redelivered to the next owner).", |s| {
+        s.discarded_on_revoke
+    }),
+];
+
+/// Gauges copied from [`StatsSnapshot`] (name, help, field).
+const GAUGES: [(&str, &str, Field); 9] = [
+    ("millrace_in_flight_records", "Records polled and not finished.", |s| s.in_flight),
+    ("millrace_in_flight_bytes", "Bytes of the in-flight records.", |s| s.buffered_bytes),
+    ("millrace_running_records", "Records started and not finished.", |s| s.running),
+    ("millrace_assigned_partitions", "Partitions owned now.", |s| s.assigned_partitions),
+    ("millrace_paused_partitions", "Partitions paused by backpressure or the breaker now.", |s| s.paused_partitions),
+    ("millrace_stalled_partitions", "Owned partitions reported stalled now.", |s| s.stalled_partitions),
+    ("millrace_missing_topics", "Input topics that do not exist now.", |s| s.missing_topics),
+    ("millrace_breaker_open", "1 while the DLQ circuit breaker is open.", |s| u64::from(s.breaker_open)),
+    ("millrace_cluster_reachable", "0 while no broker can be reached.", |s| u64::from(!s.cluster_unreachable)),
+];
+
+const READY: &str = "millrace_ready";
+pub(crate) const DEAD_LETTERED: &str = "millrace_dead_lettered_total";
+pub(crate) const RETRIES: &str = "millrace_retries_total";
+const ATTEMPT: &str = "millrace_attempt_duration_seconds";
+const LATENCY: &str = "millrace_record_latency_seconds";
+const COMMIT: &str = "millrace_commit_duration_seconds";
+pub(crate) const LAG: &str = "millrace_consumer_lag_records";
+pub(crate) const COMMITTED_LAG: &str = "millrace_consumer_committed_lag_records";
+pub(crate) const OLDEST: &str = "millrace_oldest_unfinished_age_seconds";
+
+/// Histogram buckets (seconds) for every duration: 1 ms to 5 min.
+pub(crate) const BUCKETS: [f64; 16] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
+
+fn describe() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        for (name, help, _) in COUNTERS {
+            describe_counter!(name, help);
+        }
+        for (name, help, _) in GAUGES {
+            describe_gauge!(name, help);
+        }
+        describe_counter!(DEAD_LETTERED, "Records written to the DLQ, by kind (permanent, transient-exhausted, ...).");
+        describe_gauge!(READY, "1 when the pipeline is ready (see /health/ready for the reasons when not).");
+        describe_counter!(RETRIES, "Retries scheduled after transient failures.");
+        describe_histogram!(
+            ATTEMPT,
+            Unit::Seconds,
+            "Duration of one processing attempt (processor call and acknowledgements)."
+        );
+        describe_histogram!(LATENCY, Unit::Seconds, "From the record's timestamp to the end of its processing.");
+        describe_histogram!(COMMIT, Unit::Seconds, "Duration of a commit (offsets, or the transaction).");
+        describe_gauge!(LAG, "High watermark minus the consumer's position, per owned partition.");
+        describe_gauge!(COMMITTED_LAG, "High watermark minus the committed offset, per owned partition.");
+        describe_gauge!(OLDEST, "Age of the oldest unfinished record (the head-of-line blocker), per owned partition.");
+    });
+}
+
+/// One pipeline's metric handles.
+pub(crate) struct Instruments {
+    pub(crate) pipeline: String,
+    pub(crate) group: String,
+    counters: Vec<(Counter, Field)>,
+    gauges: Vec<(Gauge, Field)>,
+    pub(crate) attempt: Histogram,
+    pub(crate) latency: Histogram,
+    pub(crate) commit: Histogram,
+    ready: Gauge,
+}
+
+impl Instruments {
+    pub(crate) fn new(pipeline: &str, group: &str) -> Self {
+        describe();
+        let labels = [("pipeline", pipeline.to_owned()), ("group", group.to_owned())];
+        Self {
+            pipeline: pipeline.to_owned(),
+            group: group.to_owned(),
+            counters: COUNTERS.iter().map(|(name, _, f)| (counter!(*name, &labels), *f)).collect(),
+            gauges: GAUGES.iter().map(|(name, _, f)| (gauge!(*name, &labels), *f)).collect(),
+            attempt: histogram!(ATTEMPT, &labels),
+            latency: histogram!(LATENCY, &labels),
+            commit: histogram!(COMMIT, &labels),
+            ready: gauge!(READY, &labels),
+        }
+    }
+
+    /// Copies `s` into the counters and gauges.
+    pub(crate) fn publish(&self, s: &StatsSnapshot, ready: bool) {
+        self.ready.set(f64::from(u8::from(ready)));
+        for (c, f) in &self.counters {
+            c.absolute(f(s));
+        }
+        for (g, f) in &self.gauges {
+            g.set(f(s) as f64);
+        }
+    }
+
+    /// A counter of this pipeline with one more label (rare events: registered when used).
+    pub(crate) fn count(&self, name: &'static str, label: &'static str, value: String) {
+        counter!(name, "pipeline" => self.pipeline.clone(), "group" => self.group.clone(), label => value).increment(1);
+    }
+
+    /// A per-partition gauge of this pipeline.
+    pub(crate) fn partition_gauge(&self, name: &'static str, topic: &str, partition: i32) -> Gauge {
+        gauge!(name, "pipeline" => self.pipeline.clone(), "group" => self.group.clone(),
+            "topic" => topic.to_owned(), "partition" => partition.to_string())
+    }
+}

@@ -1,0 +1,78 @@
+//! Per-partition gauges, from librdkafka's statistics (every `statistics.interval.ms`, on the poll
+//! thread): the lag behind the partition's end, and how long its head-of-line record has held the
+//! committable prefix back.
+
+use super::Telemetry;
+use super::instruments::{COMMITTED_LAG, LAG, OLDEST};
+use crate::assignments::Assignments;
+use metrics::Gauge;
+use rdkafka::statistics::Statistics;
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// One owned partition's gauges, and where its completed prefix stood since when.
+pub(crate) struct Gauges {
+    lag: Gauge,
+    committed_lag: Gauge,
+    oldest: Gauge,
+    epoch: u64,
+    head: Option<i64>,
+    since: Instant,
+}
+
+pub(crate) type PartitionGauges = HashMap<(String, i32), Gauges>;
+
+impl Telemetry {
+    /// Updates the gauges of the owned partitions in `report`; zeroes those no longer owned (the
+    /// exporter drops series that stay unchanged for two minutes). `read_committed`: the end is the
+    /// last stable offset, else the high watermark.
+    pub(crate) fn observe_partitions(&self, report: &Statistics, owned: &Assignments, read_committed: bool) {
+        let now = Instant::now();
+        let mut gauges = self.partitions.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = Vec::new();
+        for (topic, t) in &report.topics {
+            for (&partition, p) in t.partitions.iter().filter(|(id, _)| **id >= 0) {
+                let Some(handle) = owned.get(topic, partition) else { continue };
+                let end = if read_committed { p.ls_offset } else { p.hi_offset };
+                let key = (topic.clone(), partition);
+                let g = gauges.entry(key.clone()).or_insert_with(|| Gauges {
+                    lag: self.metrics.partition_gauge(LAG, topic, partition),
+                    committed_lag: self.metrics.partition_gauge(COMMITTED_LAG, topic, partition),
+                    oldest: self.metrics.partition_gauge(OLDEST, topic, partition),
+                    epoch: handle.epoch,
+                    head: None,
+                    since: now,
+                });
+                seen.push(key);
+                let committed = handle.last_committed().or_else(|| known(p.committed_offset));
+                let done = handle.committable().or(committed);
+                if end >= 0 {
+                    if let Some(done) = done {
+                        g.lag.set((end - done).max(0) as f64);
+                    }
+                    if let Some(committed) = committed {
+                        g.committed_lag.set((end - committed).max(0) as f64);
+                    }
+                }
+                // The head of line: the first unfinished record holds the prefix at `done`.
+                if g.epoch != handle.epoch || g.head != done || handle.buffered() == 0 {
+                    (g.epoch, g.head, g.since) = (handle.epoch, done, now);
+                }
+                g.oldest.set((now - g.since).as_secs_f64());
+            }
+        }
+        gauges.retain(|key, g| {
+            let keep = seen.contains(key);
+            if !keep {
+                for gauge in [&g.lag, &g.committed_lag, &g.oldest] {
+                    gauge.set(0.0);
+                }
+            }
+            keep
+        });
+    }
+}
+
+fn known(offset: i64) -> Option<i64> {
+    (offset >= 0).then_some(offset)
+}
