@@ -90,13 +90,21 @@ impl Hooks {
     /// Exactly-once, after the transactional producer was replaced: like [`rewind`](Self::rewind),
     /// but to the offsets the group coordinator holds, which a consumer reading `read_committed`
     /// fetches with `require_stable` (so they are final once no transaction of this member is
-    /// pending). Retried while the coordinator is unreachable, until `stop`.
+    /// pending). Retried while the coordinator is unreachable, until `stop`; nothing is fetched when
+    /// no partition is owned.
     pub(crate) fn rewind_to_group_offsets(
         &self,
         consumer: &BaseConsumer<Self>,
         handles: &[Arc<PartitionHandle>],
         stop: &tokio_util::sync::CancellationToken,
     ) -> KafkaResult<()> {
+        // Nothing owned (the partitions were lost while the producer was being replaced): nothing to
+        // rewind, and asking the coordinator would block the poll thread, which must poll to rejoin.
+        // Seen in the chaos broker-restart scenario: the fetch timed out for 4 minutes, the member
+        // never rejoined, and SIGTERM found the copier stuck here.
+        if handles.is_empty() {
+            return Ok(());
+        }
         let mut tpl = TopicPartitionList::new();
         for h in handles {
             tpl.add_partition(&h.topic, h.partition);

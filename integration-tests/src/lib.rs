@@ -545,6 +545,33 @@ pub fn worker_command(exe: &str, topic: &str, group: &str, journal: &Path) -> st
     c
 }
 
+/// A child process that is killed (SIGKILL) and reaped when dropped, so that a test failing early
+/// (an `eventually` timing out between kills) leaves no worker running against the broker.
+#[derive(Debug)]
+pub struct Reaped(pub std::process::Child);
+
+impl std::ops::Deref for Reaped {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// Everything an exited worker printed on stdout (its SUMMARY line).
 pub fn worker_summary(child: &mut std::process::Child) -> Result<String> {
     let mut out = String::new();

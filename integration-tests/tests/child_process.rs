@@ -5,13 +5,13 @@
 use anyhow::Result;
 use millrace_integration_tests::*;
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_millrace-it-worker");
 
-fn spawn_worker(topic: &str, group: &str, journal: &Path, extra: &[&str]) -> Result<Child> {
-    Ok(worker_command(WORKER, topic, group, journal).args(extra).spawn()?)
+fn spawn_worker(topic: &str, group: &str, journal: &Path, extra: &[&str]) -> Result<Reaped> {
+    Ok(Reaped(worker_command(WORKER, topic, group, journal).args(extra).spawn()?))
 }
 
 async fn journal_reaches(journal: &Path, distinct_records: usize, timeout: Duration) -> Result<()> {

@@ -113,12 +113,14 @@ struct Copier<'a> {
 }
 
 impl Copier<'_> {
-    fn spawn(&self) -> Result<Child> {
-        Ok(worker_command(WORKER, self.input, self.group, self.journal)
-            .args(["--output-topic", self.output, "--delay-max-ms", "2", "--concurrency", "64"])
-            .args(&self.extra)
-            .env("RUST_LOG", "error")
-            .spawn()?)
+    fn spawn(&self) -> Result<Reaped> {
+        Ok(Reaped(
+            worker_command(WORKER, self.input, self.group, self.journal)
+                .args(["--output-topic", self.output, "--delay-max-ms", "2", "--concurrency", "64"])
+                .args(&self.extra)
+                .env("RUST_LOG", "error")
+                .spawn()?,
+        ))
     }
 }
 
