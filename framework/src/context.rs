@@ -5,6 +5,7 @@ use crate::error::EmitError;
 use crate::kafka::log::Producer;
 use crate::kafka::produce;
 use crate::record::OutputRecord;
+use crate::trace::TraceContext;
 use rdkafka::producer::DeliveryFuture;
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
@@ -22,6 +23,7 @@ pub struct Context {
     attempt: u32,
     epoch: u64,
     idempotency_key: Option<Vec<u8>>,
+    trace: Option<TraceContext>,
     handles: Arc<RuntimeHandles>,
     pending: Mutex<Vec<(String, DeliveryFuture)>>,
     buffered: Mutex<Vec<OutputRecord>>,
@@ -44,12 +46,14 @@ impl Context {
         attempt: u32,
         epoch: u64,
         idempotency_key: Option<Vec<u8>>,
+        trace: Option<TraceContext>,
         handles: Arc<RuntimeHandles>,
     ) -> Self {
         Self {
             attempt,
             epoch,
             idempotency_key,
+            trace,
             handles,
             pending: Mutex::new(Vec::new()),
             buffered: Mutex::new(Vec::new()),
@@ -61,6 +65,12 @@ impl Context {
     /// repeat dedup cannot prevent (a crash between the effect and the dedup write).
     pub fn idempotency_key(&self) -> Option<&[u8]> {
         self.idempotency_key.as_deref()
+    }
+
+    /// The record's place in a distributed trace, when its headers carry a W3C `traceparent` (see
+    /// [`crate::trace`]): every output emitted gets this trace with the record's span as parent.
+    pub fn trace(&self) -> Option<&TraceContext> {
+        self.trace.as_ref()
     }
 
     /// 1 on the first attempt, 2 on the first retry, and so on.
@@ -93,7 +103,13 @@ impl Context {
     /// [`EmitError::TooLarge`], a permanent error (the input record goes to the DLQ). In exactly-once
     /// mode an output to a topic that does not exist fails with [`EmitError::TopicUnavailable`], a
     /// transient error (retried, then dead-lettered), instead of aborting the transaction.
-    pub async fn emit(&self, record: OutputRecord) -> Result<(), EmitError> {
+    ///
+    /// When the input carried a `traceparent`, the output gets one of the same trace with this
+    /// record's span as parent (and the input's `tracestate`), unless `record` has its own.
+    pub async fn emit(&self, mut record: OutputRecord) -> Result<(), EmitError> {
+        if let Some(trace) = &self.trace {
+            trace.inject(&mut record.headers);
+        }
         let size = record.byte_len();
         if size > self.handles.max_output_bytes {
             return Err(EmitError::TooLarge { topic: record.topic, size, max: self.handles.max_output_bytes });

@@ -38,6 +38,8 @@
 //! - `telemetry` (internal): every happening as a typed event that logs, counts and records a
 //!   metric in one place; the metrics (through the `metrics` facade), the per-partition lag and
 //!   head-of-line gauges, the health probes and the HTTP listener ([`PipelineConfig::http`]).
+//! - [`trace`]: W3C trace context from the input's headers to every output, and a `tracing` span
+//!   per attempt (target `millrace::record`, debug level).
 //! - [`config`], [`error`], [`record`], [`stats`], [`shutdown`], `clock`: the supporting pieces.
 //! - [`typed`] and [`codec`]: typed processors decode the value before the processor sees it;
 //!   [`avro`] with a [`schema_registry`] is the codec for Avro in the Confluent wire format.
@@ -103,6 +105,7 @@ mod shared;
 pub mod shutdown;
 pub mod stats;
 mod telemetry;
+pub mod trace;
 mod transaction;
 pub mod typed;
 mod watchdog;

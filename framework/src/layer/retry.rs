@@ -12,10 +12,12 @@ use crate::processor::Processor;
 use crate::record::Record;
 use crate::shared::Shared;
 use crate::telemetry::events::{ProcessorPanicked, RetryScheduled};
+use crate::trace::TraceContext;
 use futures::FutureExt;
 use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Runs `record` through the processor until it succeeds (`Ok`), fails for good (`Err` with how), or
 /// `cancel` (shutdown, revoke) interrupts a backoff (`Ok(Outcome::Abandoned)`).
@@ -28,13 +30,22 @@ pub(crate) async fn attempt_until_done<P: Processor>(
 ) -> Result<Outcome, Failure> {
     let mut attempt = 1;
     let mut first_failure_ms = None;
+    let trace = TraceContext::of(&record.headers);
     loop {
-        let ctx = Context::new(attempt, epoch, idempotency_key.map(<[u8]>::to_vec), shared.handles.clone());
+        let ctx =
+            Context::new(attempt, epoch, idempotency_key.map(<[u8]>::to_vec), trace.clone(), shared.handles.clone());
+        // A span per attempt that the processor's own events inherit (off unless the subscriber
+        // enables target `millrace::record` at debug level: its cost is one callsite check).
+        let span = tracing::debug_span!(target: "millrace::record", "record",
+            topic = %record.topic, partition = record.partition, offset = record.offset,
+            key = record.key_str().unwrap_or_default(), attempt,
+            trace_id = trace.as_ref().map_or("", TraceContext::trace_id),
+            span_id = trace.as_ref().map_or("", TraceContext::span_id));
         // The concurrency bound counts records inside the processor: the permit is not held while
         // outputs await their acknowledgement or a retry waits out its backoff.
         let Some(permit) = permit(&shared.concurrency).await else { return Ok(Outcome::Abandoned) };
         let started = Instant::now();
-        let processed = AssertUnwindSafe(shared.processor.process(record, &ctx)).catch_unwind().await;
+        let processed = AssertUnwindSafe(shared.processor.process(record, &ctx).instrument(span)).catch_unwind().await;
         drop(permit);
         let result = match processed {
             Ok(Ok(())) => ctx.acknowledged().await.map_err(ProcessError::from),
