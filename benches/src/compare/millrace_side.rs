@@ -55,6 +55,8 @@ pub fn is_poison(record: &Record, every: u64) -> bool {
 pub enum Mode<'a> {
     /// At-least-once, nothing else on.
     Alos,
+    /// At-least-once with the HTTP listener (metrics, health) on and scraped every second.
+    Observed,
     /// The dedup store on, in a fresh RocksDB directory.
     Dedup(&'a Path),
     /// The dedup store on (a fresh directory), in exactly-once mode with a transaction every
@@ -110,7 +112,7 @@ pub fn exactly_once(config: PipelineConfig, interval: Duration) -> Result<Pipeli
 /// commit of the last output.
 fn done_when(mode: Mode<'_>, s: &StatsSnapshot, records: u64) -> bool {
     match mode {
-        Mode::Alos => s.processed >= records,
+        Mode::Alos | Mode::Observed => s.processed >= records,
         Mode::Eos(_) => s.committed_outputs >= records,
         Mode::Dedup(_) => s.processed + s.dedup_hits >= records,
         // Duplicates emit nothing: done when every other record's output is committed.
@@ -124,6 +126,7 @@ pub async fn run(r: &Run<'_>) -> Result<(Measurement, String), NotRun> {
     let config = PipelineConfig::new(r.bootstrap, r.group, [r.input]).ordering(millrace::ProcessingOrder::Key);
     let (config, poison_every) = match r.mode {
         Mode::Alos => (config, None),
+        Mode::Observed => (config.http(([127, 0, 0, 1], 0).into()), None),
         Mode::Dedup(dir) => (config.dedup(DedupConfig::new(dir)), None),
         Mode::Dlq { poison_every } => (config, Some(poison_every)),
         Mode::Eos(interval) => (exactly_once(config, interval).map_err(NotRun::Unavailable)?, None),
@@ -131,7 +134,14 @@ pub async fn run(r: &Run<'_>) -> Result<(Measurement, String), NotRun> {
             (exactly_once(config.dedup(DedupConfig::new(dir)), interval).map_err(NotRun::Unavailable)?, None)
         }
     };
-    let pipeline = Pipeline::new(config, PassThrough { output: r.output.to_owned(), poison_every })?;
+    let processor = PassThrough { output: r.output.to_owned(), poison_every };
+    // Metrics are off but in F_alos+metrics: once that workload installed the process's Prometheus
+    // recorder, the other pipelines register no-op handles (metrics are bound at construction).
+    let pipeline = match config.http {
+        Some(_) => Pipeline::new(config, processor)?,
+        None => metrics::with_local_recorder(&metrics::NoopRecorder, || Pipeline::new(config, processor))?,
+    };
+    let scraper = pipeline.http_addr().map(|addr| tokio::spawn(scrape_every_second(addr)));
     let stats = pipeline.stats();
     let stop = pipeline.shutdown_token();
     let clock = Stopwatch::start();
@@ -160,6 +170,9 @@ pub async fn run(r: &Run<'_>) -> Result<(Measurement, String), NotRun> {
         tokio::time::sleep(CHECK_EVERY).await;
     };
     stop.cancel();
+    if let Some(scraper) = scraper {
+        scraper.abort();
+    }
     let summary = running.await.context("joining the pipeline")?.context("the pipeline")?;
     if summary.failed > 0 {
         return Err(NotRun::Failed(anyhow::anyhow!("{} records failed", summary.failed)));
@@ -179,4 +192,16 @@ pub async fn run(r: &Run<'_>) -> Result<(Measurement, String), NotRun> {
     );
     let m = Measurement { records: r.records, elapsed, first_record: first_record.unwrap_or_default(), cpu };
     Ok((m, note))
+}
+
+/// What Prometheus would do, every second (its default is every 15 s or more): GET /metrics.
+async fn scrape_every_second(addr: std::net::SocketAddr) {
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/metrics");
+    loop {
+        if let Ok(response) = client.get(&url).send().await {
+            let _ = response.bytes().await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }

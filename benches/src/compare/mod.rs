@@ -74,7 +74,7 @@ pub struct CompareArgs {
     /// with --quick].
     #[arg(long)]
     pairs: Option<usize>,
-    /// Workloads to run, comma-separated [default: all]: c0, p0, pt-100ms, pt-1s, f-alos, f-eos-100ms,
+    /// Workloads to run, comma-separated [default: all]: c0, p0, pt-100ms, pt-1s, f-alos, f-observed, f-eos-100ms,
     /// f-eos-1s, f-dedup-0, f-dedup-10, f-dedup-eos-0, f-dedup-eos-10, f-dlq, streams-alos, streams-eos.
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<Workload>,
@@ -366,6 +366,7 @@ async fn run_one(
             .map(|m| Done { m, note: "last transaction committed".into(), process_cpu: None })
             .map_err(NotRun::Failed),
         Workload::FAlos => millrace_side::run(&millrace(Mode::Alos)).await.map(simple),
+        Workload::FObserved => millrace_side::run(&millrace(Mode::Observed)).await.map(simple),
         Workload::FEos { ms } => millrace_side::run(&millrace(Mode::Eos(Duration::from_millis(ms)))).await.map(simple),
         Workload::FDlq => millrace_side::run(&millrace(Mode::Dlq { poison_every: POISON_EVERY })).await.map(simple),
         Workload::FDedup { eos, .. } => {

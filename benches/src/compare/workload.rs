@@ -22,6 +22,8 @@ pub enum Workload {
     },
     /// Millrace at-least-once: a pass-through processor emitting one output per record.
     FAlos,
+    /// F_alos with the HTTP listener on (Prometheus metrics, health), scraped every second.
+    FObserved,
     /// Millrace exactly-once, committing a transaction every `ms` milliseconds. Not available until
     /// the mode exists: see `compare::millrace_side::exactly_once`.
     FEos {
@@ -54,10 +56,11 @@ pub const STREAMS_EOS_COMMIT_MS: u64 = 100;
 impl Workload {
     /// Every workload, in the order a round runs them (the next round runs them in reverse): the two
     /// sides of each ratio with a target sit next to each other, so they run back to back.
-    pub const ALL: [Workload; 14] = [
+    pub const ALL: [Workload; 15] = [
         Workload::C0,
         Workload::P0,
         Workload::FAlos,
+        Workload::FObserved,
         Workload::StreamsAlos,
         Workload::FDlq,
         Workload::FDedup { pct: 0, eos: false },
@@ -78,6 +81,7 @@ impl Workload {
             Workload::P0 => "p0".into(),
             Workload::Pt { ms } => format!("pt-{}", interval_slug(ms)),
             Workload::FAlos => "f-alos".into(),
+            Workload::FObserved => "f-observed".into(),
             Workload::FEos { ms } => format!("f-eos-{}", interval_slug(ms)),
             Workload::FDedup { pct, eos: false } => format!("f-dedup-{pct}"),
             Workload::FDedup { pct, eos: true } => format!("f-dedup-eos-{pct}"),
@@ -94,6 +98,7 @@ impl Workload {
             Workload::P0 => "P0".into(),
             Workload::Pt { ms } => format!("Pt({})", interval_label(ms)),
             Workload::FAlos => "F_alos".into(),
+            Workload::FObserved => "F_alos+metrics".into(),
             Workload::FEos { ms } => format!("F_eos({})", interval_label(ms)),
             Workload::FDedup { pct, eos: false } => format!("F_dedup({pct}%)"),
             Workload::FDedup { pct, eos: true } => format!("F_dedup_eos({pct}%)"),
@@ -115,6 +120,9 @@ impl Workload {
                 interval_label(ms)
             ),
             Workload::FAlos => "Millrace, key order, default bounds, a processor emitting one output (ctx.emit)".into(),
+            Workload::FObserved => {
+                "F_alos with PipelineConfig::http on: Prometheus metrics and health, /metrics scraped every 1 s".into()
+            }
             Workload::FEos { ms } => {
                 format!("F_alos in Millrace's exactly-once mode, a transaction every {}", interval_label(ms))
             }
@@ -152,7 +160,11 @@ impl Workload {
             | Workload::FEos { .. }
             | Workload::StreamsEos
             | Workload::FDedup { eos: true, .. } => None,
-            Workload::P0 | Workload::FAlos | Workload::StreamsAlos | Workload::FDedup { pct: 0, .. } => Some(records),
+            Workload::P0
+            | Workload::FAlos
+            | Workload::FObserved
+            | Workload::StreamsAlos
+            | Workload::FDedup { pct: 0, .. } => Some(records),
             Workload::FDedup { .. } => Some(records - records / super::DUPLICATE_EVERY),
             Workload::FDlq => Some(records - records / super::POISON_EVERY),
         }
@@ -240,8 +252,9 @@ impl Ratio {
 /// F_dedup / F_eos has two readings, both reported against the target: the dedup store in
 /// at-least-once mode (its home: side effects outside Kafka) and in exactly-once mode (the same
 /// pipeline as F_eos plus the store, so the ratio is the store's own cost).
-pub const RATIOS: [Ratio; 13] = [
+pub const RATIOS: [Ratio; 14] = [
     Ratio::target(Workload::FAlos, Workload::P0, 0.90),
+    Ratio::target(Workload::FObserved, Workload::FAlos, 0.97),
     Ratio::target(Workload::FEos { ms: 100 }, Workload::Pt { ms: 100 }, 0.85),
     Ratio { cpu_at_most: Some(0.5), ..Ratio::target(Workload::FEos { ms: 100 }, Workload::StreamsEos, 2.0) },
     Ratio::target(Workload::FDedup { pct: 0, eos: false }, Workload::FEos { ms: 100 }, 0.85),
