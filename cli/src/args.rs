@@ -30,6 +30,26 @@ pub enum Command {
     /// Dead-letter topics: statistics, listing and replay.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// A consumer group's lag per partition (committed offsets against end offsets, from the
+    /// broker), and with `--url` what the pipeline's `/health/ready` says.
+    Status(StatusArgs),
+}
+
+/// `millrace status` options.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// The consumer group (a pipeline's group id).
+    #[arg(long)]
+    pub group: String,
+    /// Topics to report (repeatable); default every topic the group committed to.
+    #[arg(long = "topic", value_name = "TOPIC")]
+    pub topics: Vec<String>,
+    /// The pipeline's HTTP listener (`PipelineConfig::http`), e.g. `http://127.0.0.1:9464`.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
 }
 
 /// `millrace dlq …` commands.

@@ -4,6 +4,7 @@
 //! millrace dlq stats  <dlq-topic> [filters] [--format table|json]
 //! millrace dlq list   <dlq-topic> [filters] [--limit N] [--format table|json]
 //! millrace dlq replay <dlq-topic> [--to TOPIC] [filters] [--dry-run] [--rate N/s] [--max-replays N] [--group G]
+//! millrace status --group G [--topic T]... [--url http://HOST:PORT] [--format table|json]
 //! ```
 //!
 //! Brokers come from `--bootstrap` or `KAFKA_BOOTSTRAP_SERVERS` (default `127.0.0.1:9092`). Errors
@@ -18,6 +19,7 @@ mod read;
 mod replay;
 mod show;
 mod stats;
+mod status;
 mod time;
 
 use anyhow::Result;
@@ -55,6 +57,7 @@ async fn run(cli: &Cli) -> Result<ExitCode> {
     match &cli.command {
         Command::Dlq(DlqCommand::Stats(a)) => stats::run(bootstrap, a).await?,
         Command::Dlq(DlqCommand::List(a)) => list::run(bootstrap, a).await?,
+        Command::Status(a) => status::run(bootstrap, a).await?,
         Command::Dlq(DlqCommand::Replay(a)) => {
             let summary = replay::run(bootstrap, a).await?;
             replay::print_summary(&summary, a.format)?;
