@@ -254,13 +254,13 @@ impl Ratio {
 /// pipeline as F_eos plus the store, so the ratio is the store's own cost).
 pub const RATIOS: [Ratio; 14] = [
     Ratio::target(Workload::FAlos, Workload::P0, 0.90),
-    Ratio::target(Workload::FObserved, Workload::FAlos, 0.97),
     Ratio::target(Workload::FEos { ms: 100 }, Workload::Pt { ms: 100 }, 0.85),
     Ratio { cpu_at_most: Some(0.5), ..Ratio::target(Workload::FEos { ms: 100 }, Workload::StreamsEos, 2.0) },
     Ratio::target(Workload::FDedup { pct: 0, eos: false }, Workload::FEos { ms: 100 }, 0.85),
     Ratio::target(Workload::FDedup { pct: 10, eos: false }, Workload::FEos { ms: 100 }, 0.85),
     Ratio::target(Workload::FDedup { pct: 0, eos: true }, Workload::FEos { ms: 100 }, 0.85),
     Ratio::target(Workload::FDedup { pct: 10, eos: true }, Workload::FEos { ms: 100 }, 0.85),
+    Ratio::target(Workload::FObserved, Workload::FAlos, 0.97),
     Ratio::info(Workload::FEos { ms: 1000 }, Workload::Pt { ms: 1000 }),
     Ratio::info(Workload::FAlos, Workload::StreamsAlos),
     Ratio::info(Workload::FDedup { pct: 0, eos: false }, Workload::FAlos),
