@@ -10,7 +10,8 @@ MILLRACE_JAVA_PACKAGES=(openjdk-17-jdk-headless maven)
 # missing ones with apt-get when it can (as root, or with sudo that needs no password); otherwise it
 # stops at once and prints the one command to run. On a system without dpkg it checks only the
 # commands and says which libraries the build needs. Set MILLRACE_SKIP_SETUP_CHECK=1 to skip it.
-# Arguments: more packages this script needs (scripts/test: prometheus and curl for the metrics tests).
+# Arguments: more packages this script needs (scripts/test: prometheus, curl and chromium for the
+# metrics tests and the status page's browser test).
 ensure_system() {
   [[ "${MILLRACE_SKIP_SETUP_CHECK:-0}" == 1 ]] && return 0
   if ! command -v cargo >/dev/null 2>&1; then

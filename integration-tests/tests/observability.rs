@@ -256,3 +256,78 @@ async fn prometheus_scrapes_lag_and_dlq_figures_that_match() -> Result<()> {
     std::fs::remove_file(&target_file)?;
     Ok(())
 }
+
+/// Runs headless Chromium (Debian's `chromium`; `CHROMIUM` names another) with `args` and `url`;
+/// returns its stdout.
+fn chromium(args: &[&str], url: &str) -> Result<String> {
+    let exe = std::env::var("CHROMIUM").unwrap_or_else(|_| "chromium".into());
+    let profile = std::env::temp_dir().join(unique("chromium-profile"));
+    let out = std::process::Command::new(&exe)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .output()
+        .with_context(|| format!("running {exe} (install it: apt-get install chromium; scripts/test does)"))?;
+    let _ = std::fs::remove_dir_all(&profile);
+    if !out.status.success() {
+        bail!("{exe} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The status page, rendered by a real headless Chromium: the DOM it built holds a row per owned
+/// partition with its lag, the readiness line, and the counters; a screenshot of it is a real
+/// image of the page's size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_renders_in_a_browser_with_a_row_per_partition() -> Result<()> {
+    init_logs();
+    let topic = unique("paged");
+    let group = unique("paged-group");
+    create_topic(&topic, 3).await?;
+    produce(&topic, keyed_records(90, 9)).await?;
+    let config = PipelineConfig::new(bootstrap(), &group, [&topic])
+        .commit_interval(Duration::from_millis(100))
+        .stall_timeout(Duration::from_secs(2))
+        .http("127.0.0.1:0".parse()?);
+    let pipeline = Pipeline::new(config, PoisonAware)?;
+    let base = format!("http://{}", pipeline.http_addr().context("bound")?);
+    let stop = pipeline.shutdown_token();
+    let run = tokio::spawn(pipeline.run());
+    // Every partition committed to its end, as the page's data says.
+    until(&format!("{base}/status"), Duration::from_secs(60), |_, body| {
+        let Ok(status) = serde_json::from_str::<serde_json::Value>(body) else { return false };
+        let parts = status["partitions"].as_array().cloned().unwrap_or_default();
+        status["ready"] == true && parts.len() == 3 && parts.iter().all(|p| p["end"] == p["committed"])
+    })
+    .await?;
+
+    let dom = tokio::task::spawn_blocking({
+        let base = base.clone();
+        move || chromium(&["--dump-dom"], &format!("{base}/"))
+    })
+    .await??;
+    for p in 0..3 {
+        assert!(dom.contains(&format!(r#"data-partition="{topic}/{p}""#)), "row of partition {p} in:\n{dom}");
+    }
+    assert!(dom.contains(r#"<p id="readiness" class="ready">ready</p>"#), "{dom}");
+    assert!(dom.contains(r#"<td class="lag">0</td>"#), "lag 0 shown: {dom}");
+    assert!(dom.contains("<th>processed</th><td>90</td>"), "counters shown: {dom}");
+
+    let shot = std::env::temp_dir().join(format!("{}.png", unique("status-page")));
+    let screenshot = format!("--screenshot={}", shot.display());
+    tokio::task::spawn_blocking({
+        let base = base.clone();
+        move || chromium(&[&screenshot, "--window-size=1000,700"], &format!("{base}/"))
+    })
+    .await??;
+    let png = std::fs::read(&shot)?;
+    std::fs::remove_file(&shot)?;
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "a PNG");
+    let (width, height) = (u32::from_be_bytes(png[16..20].try_into()?), u32::from_be_bytes(png[20..24].try_into()?));
+    assert_eq!((width, height), (1000, 700), "the page's size");
+    assert!(png.len() > 5_000, "a page with content, not a blank image ({} bytes)", png.len());
+    stop.cancel();
+    run.await??;
+    Ok(())
+}

@@ -1,5 +1,6 @@
 //! The pipeline's HTTP listener ([`PipelineConfig::http`](crate::PipelineConfig::http)):
-//! `/metrics` in the Prometheus text format, `/health/live` and `/health/ready` for probes.
+//! `/metrics` in the Prometheus text format, `/health/live` and `/health/ready` for probes, and the
+//! status page (`/`, and its data as JSON at `/status`).
 //!
 //! - `/health/live`: 200 while the poll thread turns ([`Telemetry::live`]); 503 otherwise.
 //! - `/health/ready`: 200 when nothing holds the pipeline back ([`Telemetry::not_ready`]); 503
@@ -69,6 +70,8 @@ pub(crate) fn serve(
         .route("/metrics", get(metrics))
         .route("/health/live", get(live))
         .route("/health/ready", get(ready))
+        .route("/status", get(status))
+        .route("/", get(page))
         .with_state(Probe { telemetry });
     if let Some(handle) = recorder() {
         let (handle, stop) = (handle.clone(), stop.clone());
@@ -104,6 +107,14 @@ async fn live(State(p): State<Probe>) -> Response {
             (StatusCode::SERVICE_UNAVAILABLE, "the poll thread has not turned within its deadline\n").into_response()
         }
     }
+}
+
+async fn status(State(p): State<Probe>) -> Response {
+    axum::Json(p.telemetry.status()).into_response()
+}
+
+async fn page(State(p): State<Probe>) -> Response {
+    axum::response::Html(p.telemetry.status_page()).into_response()
 }
 
 async fn ready(State(p): State<Probe>) -> Response {

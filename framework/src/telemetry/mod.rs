@@ -17,6 +17,7 @@ mod health;
 pub(crate) mod http;
 pub(crate) mod instruments;
 mod partitions;
+mod status;
 
 use crate::stats::Stats;
 use instruments::Instruments;

@@ -18,6 +18,26 @@ pub(crate) struct Gauges {
     epoch: u64,
     head: Option<i64>,
     since: Instant,
+    /// The figures last set, for the status page.
+    last: PartitionStatus,
+}
+
+/// One owned partition as the status page shows it (as of the last statistics report).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub(crate) struct PartitionStatus {
+    pub(crate) topic: String,
+    pub(crate) partition: i32,
+    /// The partition's end (the last stable offset in exactly-once mode, else the high watermark).
+    pub(crate) end: Option<i64>,
+    /// The offset last committed.
+    pub(crate) committed: Option<i64>,
+    /// The end of the completed prefix: the head-of-line record's offset while records are unfinished.
+    pub(crate) completed: Option<i64>,
+    /// Records polled and not finished.
+    pub(crate) in_flight: usize,
+    /// How long the completed prefix has stood at `completed` with records unfinished.
+    pub(crate) head_of_line_age_s: f64,
+    pub(crate) paused: bool,
 }
 
 pub(crate) type PartitionGauges = HashMap<(String, i32), Gauges>;
@@ -42,6 +62,7 @@ impl Telemetry {
                     epoch: handle.epoch,
                     head: None,
                     since: now,
+                    last: PartitionStatus::default(),
                 });
                 seen.push(key);
                 let committed = handle.last_committed().or_else(|| known(p.committed_offset));
@@ -58,7 +79,18 @@ impl Telemetry {
                 if g.epoch != handle.epoch || g.head != done || handle.buffered() == 0 {
                     (g.epoch, g.head, g.since) = (handle.epoch, done, now);
                 }
-                g.oldest.set((now - g.since).as_secs_f64());
+                let age = (now - g.since).as_secs_f64();
+                g.oldest.set(age);
+                g.last = PartitionStatus {
+                    topic: topic.clone(),
+                    partition,
+                    end: (end >= 0).then_some(end),
+                    committed,
+                    completed: done,
+                    in_flight: handle.buffered(),
+                    head_of_line_age_s: age,
+                    paused: handle.is_paused(),
+                };
             }
         }
         gauges.retain(|key, g| {
@@ -70,6 +102,16 @@ impl Telemetry {
             }
             keep
         });
+    }
+}
+
+impl Telemetry {
+    /// The owned partitions as of the last statistics report, by topic and partition.
+    pub(crate) fn partition_status(&self) -> Vec<PartitionStatus> {
+        let gauges = self.partitions.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<_> = gauges.values().map(|g| g.last.clone()).collect();
+        out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        out
     }
 }
 
