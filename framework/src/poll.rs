@@ -25,6 +25,9 @@ use tokio_util::sync::CancellationToken;
 /// At-least-once: how often the completed prefixes are committed again although they did not move.
 pub(crate) const RECOMMIT_EVERY: Duration = Duration::from_secs(5);
 
+/// How often the poll thread reports itself live and publishes the metrics.
+const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+
 /// Records handed to a partition task in one message, at most.
 const BATCH: usize = 512;
 
@@ -101,6 +104,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
         tracing::info!(pipeline = %self.shared.config.name, ?topics, "subscribed");
         let interval = self.shared.config.commit_interval;
         let mut next_commit = Instant::now() + interval;
+        let mut next_publish = Instant::now();
         let mut next_refresh = Instant::now() + RECOMMIT_EVERY;
         let every = self.shared.config.commit_every_records;
         // Exactly-once: completed work moves into the open transaction this often.
@@ -209,9 +213,14 @@ impl<'c, P: Processor> PollLoop<'c, P> {
                 }
             }
             let records_due = every.is_some_and(|n| self.completed().saturating_sub(completed_at_commit) >= n);
-            if records_due || (check_clock && Instant::now() >= next_commit) {
+            // Liveness and the metrics: once a second, whatever the commit interval or
+            // `commit_every_records` (which can commit hundreds of times a second).
+            if check_clock && Instant::now() >= next_publish {
                 self.shared.telemetry.stats.beat();
                 self.shared.telemetry.publish();
+                next_publish = Instant::now() + PUBLISH_EVERY;
+            }
+            if records_due || (check_clock && Instant::now() >= next_commit) {
                 completed_at_commit = self.completed();
                 self.flush(&mut batches);
                 let now = Instant::now();

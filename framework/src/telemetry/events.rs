@@ -49,7 +49,7 @@ pub(crate) struct RecordDeadLettered<'a> {
 impl RecordDeadLettered<'_> {
     pub(crate) fn emit(self, t: &Telemetry) {
         let (r, f) = (self.record, self.failure);
-        t.metrics.count(DEAD_LETTERED, "kind", f.kind.to_string());
+        t.metrics.count(DEAD_LETTERED, "kind", f.kind.as_str());
         tracing::warn!(
             pipeline = %t.name, topic = %r.topic, partition = r.partition, offset = r.offset, dlq = %self.dlq,
             kind = %f.kind, attempts = f.attempts, error = %f.message, "record dead-lettered"

@@ -131,7 +131,7 @@ impl Instruments {
     }
 
     /// A counter of this pipeline with one more label (rare events: registered when used).
-    pub(crate) fn count(&self, name: &'static str, label: &'static str, value: String) {
+    pub(crate) fn count(&self, name: &'static str, label: &'static str, value: impl Into<metrics::SharedString>) {
         counter!(name, "pipeline" => self.pipeline.clone(), "group" => self.group.clone(), label => value).increment(1);
     }
 
