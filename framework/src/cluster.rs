@@ -22,7 +22,7 @@ use crate::error::Error;
 use crate::retry::Backoff;
 use crate::stats::Stats;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaRespErr;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering::Relaxed;
@@ -116,8 +116,7 @@ impl TopicWatch {
     /// Notes a consumer error: an unknown topic or partition makes the next [`check`](Self::check)
     /// look the input topics up.
     pub(crate) fn consumer_error(&mut self, e: &KafkaError) {
-        use RDKafkaErrorCode::*;
-        if matches!(e.rdkafka_error_code(), Some(UnknownTopicOrPartition | UnknownTopic | UnknownPartition)) {
+        if crate::kafka::errors::names_missing_topic(e) {
             self.due = true;
         }
     }

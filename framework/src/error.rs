@@ -208,20 +208,20 @@ pub enum EmitError {
 }
 
 impl From<EmitError> for ProcessError {
-    /// An unacknowledged output is transient: the record is retried (at-least-once). An output that
-    /// is too large is permanent.
+    /// An unacknowledged output is transient: the record is retried (at-least-once). An output the
+    /// broker rejects for good (too large, an invalid topic, no write permission: the same list that
+    /// exactly-once mode dead-letters at once) is permanent. An output to a topic that does not exist
+    /// (yet) stays transient, so it is retried under the policy and then dead-lettered as
+    /// `transient-exhausted`.
     fn from(e: EmitError) -> Self {
-        let too_large = matches!(
-            &e,
-            EmitError::TooLarge { .. }
-                | EmitError::NotAcknowledged {
-                    source: rdkafka::error::KafkaError::MessageProduction(
-                        rdkafka::types::RDKafkaErrorCode::MessageSizeTooLarge
-                    ),
-                    ..
-                }
-        );
-        if too_large { ProcessError::permanent(e) } else { ProcessError::transient(e) }
+        let permanent = match &e {
+            EmitError::TooLarge { .. } => true,
+            EmitError::NotAcknowledged { source, .. } => {
+                crate::kafka::errors::rejects_record(source) == Some(crate::kafka::errors::Rejection::Permanent)
+            }
+            _ => false,
+        };
+        if permanent { ProcessError::permanent(e) } else { ProcessError::transient(e) }
     }
 }
 
@@ -300,4 +300,29 @@ pub enum Error {
         /// The topic.
         topic: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode;
+
+    fn not_acknowledged(code: RDKafkaErrorCode) -> FailureKind {
+        let source = KafkaError::MessageProduction(code);
+        ProcessError::from(EmitError::NotAcknowledged { topic: "out".into(), source }).kind()
+    }
+
+    #[test]
+    fn an_output_rejected_for_good_is_permanent_and_a_missing_topic_transient() {
+        // The same list as exactly-once mode's rejected outputs (kafka::errors::rejects_record).
+        assert_eq!(not_acknowledged(RDKafkaErrorCode::MessageSizeTooLarge), FailureKind::Permanent);
+        assert_eq!(not_acknowledged(RDKafkaErrorCode::TopicAuthorizationFailed), FailureKind::Permanent);
+        assert_eq!(not_acknowledged(RDKafkaErrorCode::InvalidTopic), FailureKind::Permanent);
+        assert_eq!(not_acknowledged(RDKafkaErrorCode::UnknownTopicOrPartition), FailureKind::Transient);
+        assert_eq!(not_acknowledged(RDKafkaErrorCode::MessageTimedOut), FailureKind::Transient);
+        let too_large = EmitError::TooLarge { topic: "out".into(), size: 2, max: 1 };
+        assert_eq!(ProcessError::from(too_large).kind(), FailureKind::Permanent);
+        assert_eq!(ProcessError::from(EmitError::Unconfirmed { topic: "out".into() }).kind(), FailureKind::Transient);
+    }
 }

@@ -123,7 +123,6 @@ impl<P: Processor> Pipeline<P> {
             version: AtomicU64::new(0),
             log: log.clone(),
             watchdog: Watchdog::new(
-                config.name.clone(),
                 config.bootstrap_servers.clone(),
                 config.stall_timeout,
                 config.exactly_once_settings().is_some(),

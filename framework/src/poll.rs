@@ -5,7 +5,7 @@
 
 use crate::cluster::TopicWatch;
 use crate::error::Error;
-use crate::kafka::log::is_fatal;
+use crate::kafka::errors::is_fatal;
 use crate::partition::PartitionHandle;
 use crate::processor::Processor;
 use crate::rebalance::Hooks;

@@ -196,7 +196,7 @@ impl ClientContext for Hooks {
     fn stats(&self, statistics: Statistics) {
         let busy = self.telemetry.stats.breaker_open.load(Relaxed) != 0;
         let owned = self.lock();
-        self.watchdog.observe(&statistics, &owned, &self.telemetry.stats, busy);
+        self.watchdog.observe(&statistics, &owned, &self.telemetry, busy);
         self.telemetry.observe_partitions(&statistics, &owned, self.watchdog.read_committed());
     }
 }

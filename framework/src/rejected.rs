@@ -28,9 +28,10 @@
 
 use crate::clock::now_ms;
 use crate::dlq::{DlqErrorKind, Failure};
+use crate::kafka::errors::{Rejection, rejects_record};
 use crate::record::Record;
 use crate::retry::RetryPolicy;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -56,33 +57,6 @@ pub(crate) struct Source {
     /// Produced in a batch of its own (see the module documentation).
     pub(crate) alone: bool,
     pub(crate) what: Produced,
-}
-
-/// How a rejection code counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Rejection {
-    /// The record can never be produced as it is.
-    Permanent,
-    /// The topic or partition does not exist (yet): retried under the retry policy.
-    UnknownTopic,
-}
-
-/// Whether `e` rejects the one record it was reported for (rather than the transaction, the
-/// producer or the connection), and how.
-pub(crate) fn rejects_record(e: &KafkaError) -> Option<Rejection> {
-    use RDKafkaErrorCode::*;
-    match e.rdkafka_error_code()? {
-        UnknownTopicOrPartition | UnknownTopic | UnknownPartition | UnknownTopicId => Some(Rejection::UnknownTopic),
-        MessageSizeTooLarge
-        | InvalidMessageSize
-        | MessageBatchTooLarge
-        | InvalidTopic
-        | TopicAuthorizationFailed
-        | InvalidRecord
-        | PolicyViolation
-        | InvalidTimestamp => Some(Rejection::Permanent),
-        _ => None,
-    }
 }
 
 /// A record whose output was rejected.
@@ -228,6 +202,7 @@ impl Rejections {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdkafka::error::RDKafkaErrorCode;
 
     fn source(offset: i64, alone: bool, what: Produced) -> Source {
         Source { topic: "in".into(), partition: 0, offset, alone, what }

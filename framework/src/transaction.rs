@@ -40,13 +40,15 @@
 use crate::config::ExactlyOnce;
 use crate::dedup_runtime::Dedup;
 use crate::error::Error;
-use crate::kafka::txn_producer::{FENCE_WINDOW, FENCES_TOLERATED, TxnClient, TxnProducer, is_outage};
+use crate::kafka::errors::{TxnCall, is_outage, txn_call};
+use crate::kafka::txn_producer::{FENCE_WINDOW, FENCES_TOLERATED, TxnClient, TxnProducer};
 use crate::partition::PartitionHandle;
 use crate::rejected::{Produced, Source};
 use crate::retry::Backoff;
 use crate::stats::Stats;
 use crate::telemetry::Telemetry;
 use crate::telemetry::events::{InjectedAbort, TransactionAborting, TransactionCommitted};
+use crate::telemetry::health_events::{FencedRecovering, ProducerReplaced, ProducerReplacing, TransactionsStopped};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer as _;
@@ -90,22 +92,6 @@ pub(crate) struct Transactions {
     rewind_later: Mutex<Vec<Arc<PartitionHandle>>>,
     /// Transactions that reached the injected-abort decision (`inject_abort_ratio`).
     injection_draws: AtomicU64,
-}
-
-/// How to treat a failed transaction call.
-enum Class {
-    Retry,
-    Abort,
-    Fatal,
-}
-
-fn classify(e: &KafkaError) -> Class {
-    match e {
-        KafkaError::Transaction(r) if r.is_fatal() => Class::Fatal,
-        KafkaError::Transaction(r) if r.txn_requires_abort() => Class::Abort,
-        KafkaError::Transaction(r) if r.is_retriable() => Class::Retry,
-        _ => Class::Abort,
-    }
 }
 
 /// Whether the `n`-th draw (from 1) is an injected abort at `ratio`.
@@ -196,15 +182,13 @@ impl Transactions {
     pub(crate) fn reset(&self, stop: &CancellationToken) -> Result<bool, KafkaError> {
         let cause = lock(&self.reset_cause).take();
         // The reason was logged at warn where the reset was decided.
-        tracing::info!(pipeline = %self.name, cause = ?cause.as_ref().map(ToString::to_string),
-            "replacing the transactional producer; uncommitted work will be redone");
+        ProducerReplacing { cause: cause.as_ref().map(|c| c as &dyn std::fmt::Display) }.emit(&self.telemetry);
         *self.open() = OpenTxn::default();
         lock(&self.rewind_later).clear(); // every partition is rewound
         self.client.replace()?;
         match self.client.init(stop) {
             Ok(()) => {
-                Stats::bump(&self.telemetry.stats.producer_resets);
-                tracing::info!(pipeline = %self.name, "transactional producer replaced");
+                ProducerReplaced.emit(&self.telemetry);
                 Ok(true)
             }
             Err(_) if stop.is_cancelled() => Ok(false),
@@ -229,11 +213,7 @@ impl Transactions {
             }
             let fences = self.client.note_fence();
             if fences <= FENCES_TOLERATED {
-                tracing::warn!(pipeline = %self.name, transactional_id, fences_in_window = fences, error = %e,
-                    "fenced: the transaction coordinator aborted this instance's open transaction (it stayed open past \
-                     transaction_timeout, e.g. the process was paused) or another producer initialised this transactional \
-                     id; replacing the producer and redoing uncommitted work");
-                Stats::bump(&self.telemetry.stats.fenced_recoveries);
+                FencedRecovering { transactional_id, fences_in_window: fences, error: &e }.emit(&self.telemetry);
                 lock(&self.reset_cause).get_or_insert(e);
                 return TxnOutcome::Reset;
             }
@@ -242,11 +222,11 @@ impl Transactions {
                 fences,
                 within: FENCE_WINDOW,
             };
-            tracing::error!(pipeline = %self.name, error = %e, "{conflict}");
+            TransactionsStopped { error: &conflict, cause: &e }.emit(&self.telemetry);
             lock(&self.fatal).get_or_insert(conflict);
             return TxnOutcome::Fatal;
         }
-        tracing::error!(pipeline = %self.name, error = %e, "fatal transaction error: this instance stops committing");
+        TransactionsStopped { error: &"fatal transaction error", cause: &e }.emit(&self.telemetry);
         lock(&self.fatal).get_or_insert(Error::Transaction(e));
         TxnOutcome::Fatal
     }
@@ -297,8 +277,8 @@ impl Transactions {
             }
             if !open.began {
                 if let Err(e) = producer.begin_transaction() {
-                    return Err(match classify(&e) {
-                        Class::Fatal => self.unusable(e),
+                    return Err(match txn_call(&e) {
+                        TxnCall::Fatal => self.unusable(e),
                         // No transaction is open: the carried partitions only lost their entries.
                         _ => {
                             tracing::warn!(pipeline = %self.name, error = %e, "begin_transaction failed");
@@ -465,9 +445,9 @@ impl Transactions {
             if is_outage(&e) {
                 self.client.mark_outage();
             }
-            match classify(&e) {
-                Class::Fatal => return Some(self.unusable(e)),
-                Class::Retry if Instant::now() < deadline => {
+            match txn_call(&e) {
+                TxnCall::Fatal => return Some(self.unusable(e)),
+                TxnCall::Retry if Instant::now() < deadline => {
                     tracing::warn!(pipeline = %self.name, failures = backoff.failures() + 1, error = %e, "{what} failed; retrying");
                     backoff.sleep();
                 }
@@ -501,8 +481,8 @@ impl Transactions {
             if is_outage(&e) {
                 self.client.mark_outage();
             }
-            match classify(&e) {
-                Class::Fatal => return self.unusable(e),
+            match txn_call(&e) {
+                TxnCall::Fatal => return self.unusable(e),
                 _ if Instant::now() < deadline && e.rdkafka_error_code() != Some(RDKafkaErrorCode::State) => {
                     tracing::warn!(pipeline = %self.name, failures = backoff.failures() + 1, error = %e, "abort_transaction failed; retrying");
                     backoff.sleep();

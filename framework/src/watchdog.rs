@@ -28,21 +28,12 @@
 //! at error level when it lasts `stall_timeout`.
 
 use crate::assignments::Assignments;
-use crate::stats::Stats;
+use crate::telemetry::Telemetry;
+use crate::telemetry::health_events::{ClusterReach, PartitionStalled, Stall, StallCleared};
 use rdkafka::statistics::{Partition, Statistics};
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
-
-/// What holds a stalled partition back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stall {
-    /// Readable records lie ahead of the fetch position, which does not move.
-    Fetch,
-    /// `read_committed`: an open transaction holds the last stable offset below the high watermark.
-    OpenTransaction,
-}
 
 /// One partition's progress as the watchdog last saw it.
 #[derive(Debug)]
@@ -55,7 +46,6 @@ struct Track {
 /// The watchdog's state; lives in the consumer's context and is fed every statistics report.
 #[derive(Debug)]
 pub(crate) struct Watchdog {
-    name: String,
     bootstrap: String,
     timeout: Duration,
     read_committed: bool,
@@ -70,8 +60,8 @@ struct State {
 }
 
 impl Watchdog {
-    pub(crate) fn new(name: String, bootstrap: String, timeout: Duration, read_committed: bool) -> Self {
-        Self { name, bootstrap, timeout, read_committed, state: Mutex::default() }
+    pub(crate) fn new(bootstrap: String, timeout: Duration, read_committed: bool) -> Self {
+        Self { bootstrap, timeout, read_committed, state: Mutex::default() }
     }
 
     /// Whether the consumer reads `read_committed` (exactly-once).
@@ -81,10 +71,10 @@ impl Watchdog {
 
     /// Takes one statistics report: updates the cluster and partition gauges, and reports what
     /// changed. `busy` is whether the pipeline holds back every partition now (circuit breaker).
-    pub(crate) fn observe(&self, report: &Statistics, owned: &Assignments, stats: &Stats, busy: bool) {
+    pub(crate) fn observe(&self, report: &Statistics, owned: &Assignments, telemetry: &Telemetry, busy: bool) {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        self.observe_cluster(report, &mut state, stats, now);
+        self.observe_cluster(report, &mut state, telemetry, now);
         let mut seen = Vec::new();
         for (topic, t) in &report.topics {
             for (&partition, p) in t.partitions.iter().filter(|(id, _)| **id >= 0) {
@@ -100,17 +90,24 @@ impl Watchdog {
                 });
                 if stall.is_none() || track.position != p.next_offset {
                     if track.reported {
-                        tracing::info!(pipeline = %self.name, topic = %topic, partition, position = p.next_offset,
-                            "partition makes progress again");
-                        stats.stalled_partitions.fetch_sub(1, Relaxed);
+                        StallCleared { topic, partition, position: Some(p.next_offset) }.emit(telemetry);
                     }
                     *track = Track { position: p.next_offset, since: now, reported: false };
                     continue;
                 }
                 if let Some(kind) = stall.filter(|_| !track.reported && now - track.since >= self.timeout) {
                     track.reported = true;
-                    Stats::bump(&stats.stalled_partitions);
-                    self.report(topic, partition, p, kind, now - track.since);
+                    PartitionStalled {
+                        topic,
+                        partition,
+                        kind,
+                        position: p.next_offset,
+                        end: p.hi_offset,
+                        last_stable: p.ls_offset,
+                        fetch_state: &p.fetch_state,
+                        stuck: now - track.since,
+                    }
+                    .emit(telemetry);
                 }
             }
         }
@@ -118,7 +115,7 @@ impl Watchdog {
         state.partitions.retain(|key, track| {
             let keep = seen.contains(key);
             if !keep && track.reported {
-                stats.stalled_partitions.fetch_sub(1, Relaxed);
+                StallCleared { topic: &key.0, partition: key.1, position: None }.emit(telemetry);
             }
             keep
         });
@@ -139,36 +136,17 @@ impl Watchdog {
         }
     }
 
-    fn report(&self, topic: &str, partition: i32, p: &Partition, kind: Stall, stuck: Duration) {
-        let (name, position, stuck) = (&self.name, p.next_offset, stuck.as_secs());
-        let (end, last_stable, state) = (p.hi_offset, p.ls_offset, &p.fetch_state);
-        match kind {
-            Stall::Fetch => tracing::error!(pipeline = %name, topic, partition, position, end, last_stable,
-                fetch_state = %state, stuck_for_s = stuck,
-                "partition stalled: records lie ahead of its position but fetching them makes no progress \
-                 (see the consumer errors logged for it, e.g. a compression codec this build cannot decode)"),
-            Stall::OpenTransaction => tracing::error!(pipeline = %name, topic, partition, position, end, last_stable,
-                stuck_for_s = stuck,
-                "partition stalled: an open transaction holds its last stable offset below the high watermark \
-                 (a hanging transaction? see kafka-transactions.sh find-hanging)"),
-        }
-    }
-
     /// The cluster is reachable while at least one broker connection is up.
-    fn observe_cluster(&self, report: &Statistics, state: &mut State, stats: &Stats, now: Instant) {
+    fn observe_cluster(&self, report: &Statistics, state: &mut State, telemetry: &Telemetry, now: Instant) {
+        let bootstrap = &self.bootstrap;
         if report.brokers.values().any(|b| b.state == "UP") {
-            if let Some((_, true)) = state.unreachable.take() {
-                tracing::info!(pipeline = %self.name, bootstrap = %self.bootstrap, "cluster reachable again");
-            }
-            stats.cluster_unreachable.store(0, Relaxed);
+            let recovered = matches!(state.unreachable.take(), Some((_, true)));
+            ClusterReach { bootstrap, reachable: true, report: None, recovered }.emit(telemetry);
             return;
         }
-        stats.cluster_unreachable.store(1, Relaxed);
         let (since, reported) = state.unreachable.get_or_insert((now, false));
-        if !*reported && now - *since >= self.timeout {
-            *reported = true;
-            tracing::error!(pipeline = %self.name, bootstrap = %self.bootstrap,
-                down_for_s = (now - *since).as_secs(), "no broker of the cluster can be reached (retrying)");
-        }
+        let report = (!*reported && now - *since >= self.timeout).then(|| now - *since);
+        *reported |= report.is_some();
+        ClusterReach { bootstrap, reachable: false, report, recovered: false }.emit(telemetry);
     }
 }

@@ -1,9 +1,10 @@
 //! librdkafka's logs and errors, routed to `tracing` with repeats throttled: a broker outage reports
 //! the same error many times a second, which must not flood the logs while the client retries.
 
+use crate::kafka::errors::is_fatal;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -73,24 +74,6 @@ impl KafkaLog {
     }
 }
 
-/// Errors after which a member cannot go on: authorization failures, or librdkafka's fatal state.
-pub(crate) fn is_fatal(e: &KafkaError) -> bool {
-    use RDKafkaErrorCode::*;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            Fatal
-                | TopicAuthorizationFailed
-                | GroupAuthorizationFailed
-                | ClusterAuthorizationFailed
-                | SaslAuthenticationFailed
-                | InvalidConfig
-                | ProducerFenced
-                | InvalidProducerEpoch
-        )
-    )
-}
-
 /// The producer's context: the same throttled logging as the consumer's.
 pub(crate) struct ProducerHooks(pub(crate) std::sync::Arc<KafkaLog>);
 
@@ -110,6 +93,7 @@ pub(crate) type Producer = rdkafka::producer::FutureProducer<ProducerHooks>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdkafka::error::RDKafkaErrorCode;
 
     #[test]
     fn fatal_errors_are_kept_for_the_poll_loop() {

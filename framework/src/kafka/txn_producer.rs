@@ -18,7 +18,8 @@
 //! [`FENCE_WINDOW`] stop the pipeline with
 //! [`Error::TransactionalIdConflict`](crate::Error::TransactionalIdConflict).
 
-use crate::kafka::log::{KafkaLog, is_fatal};
+use crate::kafka::errors::{is_fatal, is_fence, is_outage};
+use crate::kafka::log::KafkaLog;
 use crate::record::OutputRecord;
 use crate::rejected::{Rejections, Source};
 use crate::retry::Backoff;
@@ -189,11 +190,6 @@ impl TxnClient {
     }
 }
 
-fn is_fence(code: Option<RDKafkaErrorCode>) -> bool {
-    use RDKafkaErrorCode::*;
-    matches!(code, Some(Fenced | ProducerFenced | InvalidProducerEpoch))
-}
-
 /// The times of recent fences, oldest first, none older than [`FENCE_WINDOW`] before the newest.
 #[derive(Debug, Default)]
 struct FenceHistory(VecDeque<Instant>);
@@ -222,25 +218,6 @@ fn create(
         unconfirmed: unconfirmed.clone(),
         rejections: rejections.clone(),
     })
-}
-
-/// Errors that say the brokers were unreachable or slow rather than that the request was refused.
-pub(crate) fn is_outage(e: &KafkaError) -> bool {
-    use RDKafkaErrorCode::*;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            OperationTimedOut
-                | RequestTimedOut
-                | MessageTimedOut
-                | BrokerTransportFailure
-                | AllBrokersDown
-                | NetworkException
-                | CoordinatorNotAvailable
-                | NotCoordinator
-                | CoordinatorLoadInProgress
-        )
-    )
 }
 
 /// The transactional producer's context: librdkafka's logs go where the other clients' go;
@@ -314,14 +291,5 @@ mod tests {
         // The first has left the window; the other two have not.
         assert_eq!(h.record(t0 + FENCE_WINDOW), 3);
         assert_eq!(h.record(t0 + FENCE_WINDOW * 3), 1, "an old burst does not count against a new fence");
-    }
-
-    #[test]
-    fn fence_codes() {
-        assert!(is_fence(Some(RDKafkaErrorCode::Fenced)));
-        assert!(is_fence(Some(RDKafkaErrorCode::ProducerFenced)));
-        assert!(is_fence(Some(RDKafkaErrorCode::InvalidProducerEpoch)));
-        assert!(!is_fence(Some(RDKafkaErrorCode::TransactionalIdAuthorizationFailed)));
-        assert!(!is_fence(None));
     }
 }

@@ -1,6 +1,7 @@
 //! Telemetry: what happens in a pipeline, said in one place.
 //!
-//! Every happening worth an operator's attention is a typed event ([`events`]): one struct per
+//! Every happening worth an operator's attention is a typed event ([`events`]; the watchdog's and
+//! the transactional producer's in [`health_events`]): one struct per
 //! happening (a retry scheduled, a record dead-lettered, a commit failed, partitions revoked, a
 //! transaction aborted, the breaker tripped, ...) whose `emit` logs it, counts it in [`Stats`] and
 //! records it through the [`metrics`](::metrics) facade. Call sites build the event and emit it;
@@ -14,6 +15,7 @@
 
 pub(crate) mod events;
 mod health;
+pub(crate) mod health_events;
 pub(crate) mod http;
 pub(crate) mod instruments;
 mod partitions;
