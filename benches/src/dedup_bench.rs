@@ -62,6 +62,7 @@ use crate::measure::{Measurement, Stopwatch, Summary, machine_cpu, other_process
 use anyhow::{Context as _, bail};
 use millrace::dedup::changelog_topic;
 use millrace::{DedupConfig, Pipeline, PipelineConfig, ProcessingOrder, StatsSnapshot};
+use millrace_testkit::{Admin, unique};
 use rand::RngExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -282,10 +283,7 @@ pub async fn run(args: DedupArgs) -> anyhow::Result<()> {
     let sides = args.only.map_or_else(|| vec![Side::Nodedup, Side::Dedup], |side| vec![side]);
     let plan = Plan {
         bootstrap: args.topic.bootstrap(),
-        topics: workloads
-            .iter()
-            .map(|&w| (w, kafka::unique_name(&format!("millrace-bench-dedup-{}", tag(w)))))
-            .collect(),
+        topics: workloads.iter().map(|&w| (w, unique(&format!("millrace-bench-dedup-{}", tag(w))))).collect(),
         partitions: args.topic.partitions,
         load: args.topic.load(500_000, QUICK_RECORDS),
         pairs: args.pairs.unwrap_or(if args.topic.quick { 1 } else { 3 }),
@@ -298,7 +296,7 @@ pub async fn run(args: DedupArgs) -> anyhow::Result<()> {
         changelog: !args.no_changelog,
         producer_properties: args.producer_properties,
         broker_pid: args.broker_pid,
-        base_dir: args.dir.unwrap_or_else(std::env::temp_dir).join(kafka::unique_name("millrace-bench-dedup")),
+        base_dir: args.dir.unwrap_or_else(std::env::temp_dir).join(unique("millrace-bench-dedup")),
         run_timeout: Duration::from_secs(args.run_timeout_secs),
     };
     if plan.records() < DUPLICATE_EVERY || plan.pairs == 0 || plan.partitions < 1 {
@@ -308,12 +306,12 @@ pub async fn run(args: DedupArgs) -> anyhow::Result<()> {
         .with_context(|| format!("creating the store directory {}", plan.base_dir.display()))?;
     print_header(&plan);
 
-    let admin = kafka::admin(&plan.bootstrap)?;
+    let admin = Admin::new(&plan.bootstrap)?;
     let mut topics = Vec::new();
     let mut groups = Vec::new();
     let mut result = Ok(Results::default());
     for (_, topic) in &plan.topics {
-        if let Err(e) = kafka::create_topic(&admin, topic, plan.partitions).await {
+        if let Err(e) = admin.create_topic(topic, plan.partitions, &[]).await {
             result = Err(e);
             break;
         }
@@ -322,7 +320,7 @@ pub async fn run(args: DedupArgs) -> anyhow::Result<()> {
     if result.is_ok() {
         result = measure_all(&plan, &mut groups, &mut topics).await;
     }
-    kafka::clean_up_all(&admin, &topics, &groups).await;
+    admin.clean_up(&topics, &groups).await;
     if let Err(e) = std::fs::remove_dir_all(&plan.base_dir) {
         eprintln!("warning: removing {}: {e}", plan.base_dir.display());
     }
@@ -413,7 +411,7 @@ async fn measure_all(plan: &Plan, groups: &mut Vec<String>, topics: &mut Vec<Str
             for &side in &plan.sides {
                 tokio::time::sleep(SETTLE).await;
                 run_number += 1;
-                let group = kafka::unique_name(&format!("millrace-bench-dedup-{}", side.name()));
+                let group = unique(&format!("millrace-bench-dedup-{}", side.name()));
                 groups.push(group.clone());
                 let dir = (side == Side::Dedup).then(|| plan.base_dir.join(format!("run-{run_number}")));
                 if dir.is_some() && plan.changelog {

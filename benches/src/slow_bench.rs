@@ -60,6 +60,7 @@ use crate::kafka::{self, LoadSpec, Planned};
 use crate::measure::Summary;
 use anyhow::{Context as _, bail};
 use millrace::{Bounds, Context, Pipeline, PipelineConfig, ProcessError, ProcessingOrder, Processor, Record};
+use millrace_testkit::{Admin, unique};
 use rand::{RngExt, SeedableRng};
 use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
@@ -256,7 +257,7 @@ pub async fn run(args: SlowArgs) -> anyhow::Result<()> {
     let mut key_counts = args.key_counts.clone();
     key_counts.dedup();
     let topics: Vec<(u64, String)> =
-        key_counts.iter().map(|&k| (k, kafka::unique_name(&format!("millrace-bench-slow-{k}keys")))).collect();
+        key_counts.iter().map(|&k| (k, unique(&format!("millrace-bench-slow-{k}keys")))).collect();
     let shared_topic = topics.iter().find(|(k, _)| *k == KEYS_FOR_TARGETS).unwrap_or(&topics[0]).1.clone();
     let mut modes = vec![(Mode::Partition, shared_topic.clone())];
     modes.extend(topics.iter().map(|(k, t)| (Mode::Key(*k), t.clone())));
@@ -288,12 +289,12 @@ pub async fn run(args: SlowArgs) -> anyhow::Result<()> {
         load_average(),
     );
 
-    let admin = kafka::admin(&plan.bootstrap)?;
+    let admin = Admin::new(&plan.bootstrap)?;
     let mut created = Vec::new();
     let mut groups = Vec::new();
     let mut result = Ok(Vec::new());
     for (_, topic) in &plan.topics {
-        if let Err(e) = kafka::create_topic(&admin, topic, 1).await {
+        if let Err(e) = admin.create_topic(topic, 1, &[]).await {
             result = Err(e);
             break;
         }
@@ -302,7 +303,7 @@ pub async fn run(args: SlowArgs) -> anyhow::Result<()> {
     if result.is_ok() {
         result = measure_all(&plan, &mut groups).await;
     }
-    kafka::clean_up_all(&admin, &created, &groups).await;
+    admin.clean_up(&created, &groups).await;
     let runs = result?;
     report(&plan, &runs);
     Ok(())
@@ -355,7 +356,7 @@ async fn measure_all(plan: &Plan, groups: &mut Vec<String>) -> anyhow::Result<Ve
     for round in 1..=plan.pairs {
         for (mode, topic) in &plan.modes {
             tokio::time::sleep(SETTLE).await;
-            let group = kafka::unique_name(&format!("millrace-bench-slow-{}", mode.name()));
+            let group = unique(&format!("millrace-bench-slow-{}", mode.name()));
             groups.push(group.clone());
             let run = run_one(plan, *mode, topic, &group).await?;
             println!(

@@ -40,10 +40,11 @@ pub mod workload;
 
 use crate::core_bench::{RawDrain, drain_raw, load_average};
 use crate::dedup_bench::{self, DUPLICATE_EVERY};
-use crate::kafka::{self, LoadSpec, TopicArgs};
+use crate::kafka::{LoadSpec, TopicArgs};
 use crate::measure::{Measurement, Summary};
 use anyhow::{Context as _, bail};
 use millrace_side::{Mode, NotRun};
+use millrace_testkit::{Admin, record_count, unique};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -150,26 +151,25 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
             .into_iter()
             .map(|load| Size {
                 load,
-                input: kafka::unique_name(&format!("millrace-bench-cmp-{}b", load.value_size)),
-                duplicates: dup_needed
-                    .then(|| kafka::unique_name(&format!("millrace-bench-cmp-{}b-dup", load.value_size))),
+                input: unique(&format!("millrace-bench-cmp-{}b", load.value_size)),
+                duplicates: dup_needed.then(|| unique(&format!("millrace-bench-cmp-{}b-dup", load.value_size))),
             })
             .collect(),
         pairs: args.pairs.unwrap_or(if quick { 1 } else { 3 }),
         workloads,
         streams_peer: args.streams_peer,
         run_timeout: Duration::from_secs(args.run_timeout_secs),
-        store_dir: std::env::temp_dir().join(kafka::unique_name("millrace-bench-cmp-dedup")),
+        store_dir: std::env::temp_dir().join(unique("millrace-bench-cmp-dedup")),
     };
     if plan.pairs == 0 || plan.partitions < 1 || plan.sizes.iter().any(|s| s.load.records < POISON_EVERY) {
         bail!("--pairs and --partitions must be at least 1, and --records at least {POISON_EVERY}");
     }
     print_header(&plan);
-    let admin = kafka::admin(&plan.bootstrap)?;
+    let admin = Admin::new(&plan.bootstrap)?;
     let mut topics = Vec::new();
     let mut groups = Vec::new();
     let result = measure_all(&plan, &admin, &mut topics, &mut groups).await;
-    kafka::clean_up_all(&admin, &topics, &groups).await;
+    admin.clean_up(&topics, &groups).await;
     let _ = std::fs::remove_dir_all(&plan.store_dir);
     let results = result?;
     let failed = report(&plan, &results);
@@ -210,14 +210,14 @@ fn print_header(plan: &Plan) {
 /// Loads the inputs, then runs the rounds, printing each run as it ends.
 async fn measure_all(
     plan: &Plan,
-    admin: &kafka::Admin,
+    admin: &Admin,
     topics: &mut Vec<String>,
     groups: &mut Vec<String>,
 ) -> anyhow::Result<Results> {
     for size in &plan.sizes {
         for (topic, duplicates) in [(Some(&size.input), false), (size.duplicates.as_ref(), true)] {
             let Some(topic) = topic else { continue };
-            kafka::create_topic(admin, topic, plan.partitions).await?;
+            admin.create_topic(topic, plan.partitions, &[]).await?;
             topics.push(topic.clone());
             let (bootstrap, topic2, spec) = (plan.bootstrap.clone(), topic.clone(), size.load);
             let workload = if duplicates { dedup_bench::Workload::Duplicates } else { dedup_bench::Workload::Unique };
@@ -236,7 +236,7 @@ async fn measure_all(
         if plan.workloads.contains(&Workload::FDlq) {
             // Created before timing: the pipeline would otherwise create it during its first run.
             let dlq = format!("{}.dlq", size.input);
-            kafka::create_topic(admin, &dlq, plan.partitions).await?;
+            admin.create_topic(&dlq, plan.partitions, &[]).await?;
             topics.push(dlq);
         }
     }
@@ -257,7 +257,7 @@ async fn measure_all(
                     continue;
                 }
                 tokio::time::sleep(SETTLE).await;
-                let group = kafka::unique_name(&format!("millrace-bench-cmp-{}", workload.slug()));
+                let group = unique(&format!("millrace-bench-cmp-{}", workload.slug()));
                 let outcome = run_one(plan, admin, size, workload, &group, topics).await;
                 if !matches!(outcome, Err(NotRun::Unavailable(_))) {
                     groups.push(group);
@@ -286,16 +286,16 @@ async fn measure_all(
 /// One run of `workload` on `size`'s input, with its own group and output topic.
 async fn run_one(
     plan: &Plan,
-    admin: &kafka::Admin,
+    admin: &Admin,
     size: &Size,
     workload: Workload,
     group: &str,
     topics: &mut Vec<String>,
 ) -> Result<Done, NotRun> {
     let group = group.to_owned();
-    let output = kafka::unique_name("millrace-bench-cmp-out");
+    let output = unique("millrace-bench-cmp-out");
     if workload.has_output() {
-        kafka::create_topic(admin, &output, plan.partitions).await?;
+        admin.create_topic(&output, plan.partitions, &[]).await?;
     }
     let input = if workload.reads_duplicates() { size.duplicates.as_deref() } else { Some(size.input.as_str()) }
         .context("the duplicates topic was not loaded")?;
@@ -390,7 +390,7 @@ async fn run_one(
     let outcome = match (outcome, workload.expected_outputs(records)) {
         (Ok(mut done), Some(expected)) => {
             let (bootstrap2, output2, partitions) = (bootstrap.to_owned(), output.clone(), plan.partitions);
-            let found = tokio::task::spawn_blocking(move || kafka::end_offsets_sum(&bootstrap2, &output2, partitions))
+            let found = tokio::task::spawn_blocking(move || record_count(&bootstrap2, &output2, partitions))
                 .await
                 .map_err(joined)??;
             if found != expected {
@@ -403,7 +403,7 @@ async fn run_one(
         (outcome, _) => outcome,
     };
     if workload.has_output() {
-        kafka::clean_up_all(admin, std::slice::from_ref(&output), &[]).await;
+        admin.clean_up(std::slice::from_ref(&output), &[]).await;
     }
     outcome
 }
