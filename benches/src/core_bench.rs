@@ -41,6 +41,7 @@ use anyhow::{Context as _, bail};
 use millrace::{
     Bounds, Context, Pipeline, PipelineConfig, ProcessError, ProcessingOrder, Processor, Record, StatsSnapshot,
 };
+use millrace_testkit::{Admin, unique};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::time::Duration;
@@ -126,7 +127,7 @@ impl Plan {
 pub async fn run(args: CoreArgs) -> anyhow::Result<()> {
     let plan = Plan {
         bootstrap: args.topic.bootstrap(),
-        topic: kafka::unique_name("millrace-bench-core"),
+        topic: unique("millrace-bench-core"),
         partitions: args.topic.partitions,
         load: args.topic.load(1_000_000, QUICK_RECORDS),
         pairs: args.pairs.unwrap_or(if args.topic.quick { 1 } else { 3 }),
@@ -165,11 +166,11 @@ pub async fn run(args: CoreArgs) -> anyhow::Result<()> {
         println!("consumer property for both sides: {k}={v}");
     }
 
-    let admin = kafka::admin(&plan.bootstrap)?;
-    kafka::create_topic(&admin, &plan.topic, plan.partitions).await?;
+    let admin = Admin::new(&plan.bootstrap)?;
+    admin.create_topic(&plan.topic, plan.partitions, &[]).await?;
     let mut groups = Vec::new();
     let result = measure_all(&plan, &mut groups).await;
-    kafka::clean_up(&admin, &plan.topic, &groups).await;
+    admin.clean_up(std::slice::from_ref(&plan.topic), &groups).await;
     let runs = result?;
     report(&plan, &runs);
     Ok(())
@@ -195,7 +196,7 @@ async fn measure_all(plan: &Plan, groups: &mut Vec<String>) -> anyhow::Result<Ve
     for pair in 1..=plan.pairs {
         for &side in &plan.sides {
             tokio::time::sleep(SETTLE).await;
-            let group = kafka::unique_name(&format!("millrace-bench-{}", side.name()));
+            let group = unique(&format!("millrace-bench-{}", side.name()));
             groups.push(group.clone());
             let (m, note) = match side {
                 Side::Raw => {

@@ -1,102 +1,18 @@
-//! Benchmark fixtures on the broker: fresh topics, their pre-loaded records, and the clean-up.
+//! Benchmark fixtures on the broker: the records pre-loaded into a benchmark's topics, and the options
+//! that say which. Fresh names, creating topics and the clean-up are [`millrace_testkit`]'s.
 
 use anyhow::{Context as _, bail};
 use rand::RngExt;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::{ClientContext, DefaultClientContext};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::client::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-/// How long admin requests and the final producer flush may take.
-const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the final producer flush may take.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// `prefix` followed by a random suffix, unique enough for topic and group names.
-pub fn unique_name(prefix: &str) -> String {
-    format!("{prefix}-{:016x}", rand::rng().random::<u64>())
-}
-
-/// The admin client the benchmarks use.
-pub type Admin = AdminClient<DefaultClientContext>;
-
-/// An admin client for creating and deleting the benchmark's topic and groups.
-pub fn admin(bootstrap: &str) -> anyhow::Result<AdminClient<DefaultClientContext>> {
-    ClientConfig::new().set("bootstrap.servers", bootstrap).create().context("creating the admin client")
-}
-
-fn options() -> AdminOptions {
-    AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)).request_timeout(Some(ADMIN_TIMEOUT))
-}
-
-/// Creates `topic` with `partitions` partitions (replication factor 1: a single local broker).
-pub async fn create_topic(
-    admin: &AdminClient<DefaultClientContext>,
-    topic: &str,
-    partitions: i32,
-) -> anyhow::Result<()> {
-    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-    for result in admin.create_topics([&new], &options()).await.context("creating the topic")? {
-        if let Err((name, code)) = result {
-            bail!("creating topic {name}: {code}");
-        }
-    }
-    Ok(())
-}
-
-/// Deletes the topic and the consumer groups the runs used. Best effort: failures are only reported,
-/// so that a failed clean-up never hides the benchmark's result.
-pub async fn clean_up(admin: &AdminClient<DefaultClientContext>, topic: &str, groups: &[String]) {
-    clean_up_all(admin, &[topic.to_owned()], groups).await;
-}
-
-/// Deletes `topics` and `groups`, like [`clean_up`] (best effort, failures only reported).
-pub async fn clean_up_all(admin: &AdminClient<DefaultClientContext>, topics: &[String], groups: &[String]) {
-    if !topics.is_empty() {
-        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-        match admin.delete_topics(&names, &options()).await {
-            Ok(results) => {
-                for (name, code) in results.into_iter().filter_map(Result::err) {
-                    eprintln!("warning: deleting topic {name}: {code}");
-                }
-            }
-            Err(e) => eprintln!("warning: deleting topics {}: {e}", names.join(", ")),
-        }
-    }
-    if groups.is_empty() {
-        return;
-    }
-    let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
-    match admin.delete_groups(&groups, &options()).await {
-        Ok(results) => {
-            for (name, code) in results.into_iter().filter_map(Result::err) {
-                eprintln!("warning: deleting group {name}: {code}");
-            }
-        }
-        Err(e) => eprintln!("warning: deleting groups: {e}"),
-    }
-}
-
-/// The sum of the high watermarks of `topic`'s partitions `0..partitions`: the records it holds when it
-/// is not transactional (for a transactional topic the commit markers count too). Blocking.
-pub fn end_offsets_sum(bootstrap: &str, topic: &str, partitions: i32) -> anyhow::Result<u64> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .context("creating the consumer that reads end offsets")?;
-    let mut sum = 0;
-    for partition in 0..partitions {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, partition, ADMIN_TIMEOUT)
-            .with_context(|| format!("reading the end offset of {topic}/{partition}"))?;
-        sum += (high - low).max(0) as u64;
-    }
-    Ok(sum)
-}
 
 /// What to pre-load into the topic.
 #[derive(Debug, Clone, Copy)]

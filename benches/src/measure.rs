@@ -66,15 +66,6 @@ pub fn other_process_cpu(pid: u32) -> Option<Duration> {
     Some(ticks(utime + stime))
 }
 
-/// A memory field of `/proc/<pid>/status` (`/proc/self/status` for `None`) in KiB, e.g. `VmHWM`
-/// (peak resident set size) or `VmRSS`. `None` if the process or the field does not exist (a
-/// zombie has no `Vm` fields; not Linux).
-pub fn proc_status_kib(pid: Option<u32>, field: &str) -> Option<u64> {
-    let path = pid.map_or_else(|| "/proc/self/status".to_owned(), |pid| format!("/proc/{pid}/status"));
-    let status = std::fs::read_to_string(path).ok()?;
-    status.lines().find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))?.split_whitespace().next()?.parse().ok()
-}
-
 /// The peak resident set size, in KiB, of the largest child process waited for so far
 /// (`getrusage(RUSAGE_CHILDREN).ru_maxrss`, which Linux reports in KiB).
 #[allow(unsafe_code)] // getrusage has no safe wrapper in std or libc
@@ -191,6 +182,7 @@ impl Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use millrace_testkit::proc_status_kib;
 
     #[test]
     fn median_of_odd_and_even_samples() {

@@ -39,9 +39,10 @@
 
 use crate::core_bench::{Noop, load_average, parse_property};
 use crate::kafka::{self, LoadSpec, Planned, TopicArgs};
-use crate::measure::{Stopwatch, children_max_rss_kib, proc_status_kib};
+use crate::measure::{Stopwatch, children_max_rss_kib};
 use anyhow::{Context as _, bail};
 use millrace::{Pipeline, PipelineConfig};
+use millrace_testkit::{Admin, Reaped, proc_status_kib, unique};
 use rand::RngExt;
 use std::collections::HashMap;
 use std::io::BufRead;
@@ -100,8 +101,8 @@ pub async fn run(args: MemoryArgs) -> anyhow::Result<()> {
     if spec.records == 0 || partitions < 1 {
         bail!("--records and --partitions must be at least 1");
     }
-    let topic = kafka::unique_name("millrace-bench-memory");
-    let group = kafka::unique_name("millrace-bench-memory");
+    let topic = unique("millrace-bench-memory");
+    let group = unique("millrace-bench-memory");
     println!(
         "memory: {} records x {} B values, {} keys, {} partitions, brokers {}, {} CPUs, load average {}",
         spec.records,
@@ -115,8 +116,8 @@ pub async fn run(args: MemoryArgs) -> anyhow::Result<()> {
     for (k, v) in &args.consumer_properties {
         println!("consumer property (not the defaults): {k}={v}");
     }
-    let admin = kafka::admin(&bootstrap)?;
-    kafka::create_topic(&admin, &topic, partitions).await?;
+    let admin = Admin::new(&bootstrap)?;
+    admin.create_topic(&topic, partitions, &[]).await?;
     let child = ChildArgsOwned {
         bootstrap: bootstrap.clone(),
         topic: topic.clone(),
@@ -126,7 +127,7 @@ pub async fn run(args: MemoryArgs) -> anyhow::Result<()> {
         consumer_properties: args.consumer_properties,
     };
     let result = measure(child, spec).await;
-    kafka::clean_up(&admin, &topic, std::slice::from_ref(&group)).await;
+    admin.clean_up(std::slice::from_ref(&topic), std::slice::from_ref(&group)).await;
     let outcome = result?;
     report(spec, partitions, &outcome);
     Ok(())
@@ -205,8 +206,9 @@ fn supervise(args: &ChildArgsOwned) -> anyhow::Result<Outcome> {
         command.arg(format!("--consumer-property={k}={v}"));
     }
     let parent_hwm_kib = proc_status_kib(None, "VmHWM").unwrap_or(0);
+    // Killed and reaped if supervising it fails early.
     let mut child =
-        command.stdin(Stdio::null()).stdout(Stdio::piped()).spawn().context("starting the child process")?;
+        Reaped(command.stdin(Stdio::null()).stdout(Stdio::piped()).spawn().context("starting the child process")?);
     let pid = child.id();
     println!("child process {pid} started");
     let stdout = child.stdout.take().context("the child's stdout")?;

@@ -8,8 +8,6 @@ use anyhow::{Result, bail};
 use millrace::{Context, Error, ExactlyOnce, Pipeline, PipelineConfig, ProcessError, Processor, Record, Stats};
 use millrace_integration_tests::*;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,13 +54,7 @@ async fn stat(
 }
 
 async fn delete_topic(topic: &str) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", bootstrap()).create()?;
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for result in admin.delete_topics(&[topic], &opts).await? {
-        result.map_err(|(t, e)| anyhow::anyhow!("deleting topic {t}: {e}"))?;
-    }
-    Ok(())
+    Admin::from_env()?.delete_topics(&[topic]).await
 }
 
 /// zstd batches used to stall the partition for good (librdkafka was built without zstd: one

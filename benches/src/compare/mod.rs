@@ -34,20 +34,23 @@
 //! lines carry the same for `report`, which writes `BENCHMARKS.md`.
 
 mod millrace_side;
+mod output;
 mod raw;
 mod streams;
 pub mod workload;
 
-use crate::core_bench::{RawDrain, drain_raw, load_average};
+use crate::core_bench::{RawDrain, drain_raw};
 use crate::dedup_bench::{self, DUPLICATE_EVERY};
-use crate::kafka::{self, LoadSpec, TopicArgs};
-use crate::measure::{Measurement, Summary};
+use crate::kafka::{LoadSpec, TopicArgs};
+use crate::measure::Measurement;
 use anyhow::{Context as _, bail};
 use millrace_side::{Mode, NotRun};
-use std::collections::{BTreeMap, BTreeSet};
+use millrace_testkit::{Admin, record_count, unique};
+use output::{print_header, report};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
-use workload::{ALOS_COMMIT, RATIOS, STREAMS_EOS_COMMIT_MS, Workload};
+use workload::{ALOS_COMMIT, STREAMS_EOS_COMMIT_MS, Workload};
 
 /// One record in this many is poison in F_dlq (1%).
 pub const POISON_EVERY: u64 = 100;
@@ -150,26 +153,25 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
             .into_iter()
             .map(|load| Size {
                 load,
-                input: kafka::unique_name(&format!("millrace-bench-cmp-{}b", load.value_size)),
-                duplicates: dup_needed
-                    .then(|| kafka::unique_name(&format!("millrace-bench-cmp-{}b-dup", load.value_size))),
+                input: unique(&format!("millrace-bench-cmp-{}b", load.value_size)),
+                duplicates: dup_needed.then(|| unique(&format!("millrace-bench-cmp-{}b-dup", load.value_size))),
             })
             .collect(),
         pairs: args.pairs.unwrap_or(if quick { 1 } else { 3 }),
         workloads,
         streams_peer: args.streams_peer,
         run_timeout: Duration::from_secs(args.run_timeout_secs),
-        store_dir: std::env::temp_dir().join(kafka::unique_name("millrace-bench-cmp-dedup")),
+        store_dir: std::env::temp_dir().join(unique("millrace-bench-cmp-dedup")),
     };
     if plan.pairs == 0 || plan.partitions < 1 || plan.sizes.iter().any(|s| s.load.records < POISON_EVERY) {
         bail!("--pairs and --partitions must be at least 1, and --records at least {POISON_EVERY}");
     }
     print_header(&plan);
-    let admin = kafka::admin(&plan.bootstrap)?;
+    let admin = Admin::new(&plan.bootstrap)?;
     let mut topics = Vec::new();
     let mut groups = Vec::new();
     let result = measure_all(&plan, &admin, &mut topics, &mut groups).await;
-    kafka::clean_up_all(&admin, &topics, &groups).await;
+    admin.clean_up(&topics, &groups).await;
     let _ = std::fs::remove_dir_all(&plan.store_dir);
     let results = result?;
     let failed = report(&plan, &results);
@@ -179,45 +181,17 @@ pub async fn run(args: CompareArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_header(plan: &Plan) {
-    let sizes: Vec<String> =
-        plan.sizes.iter().map(|s| format!("{} records x {} B", s.load.records, s.load.value_size)).collect();
-    println!(
-        "compare: {}; {} keys, {} partitions, {} round(s), brokers {}, {} CPUs, load average {}",
-        sizes.join(" and "),
-        plan.sizes[0].load.keys,
-        plan.partitions,
-        plan.pairs,
-        plan.bootstrap,
-        std::thread::available_parallelism().map_or(0, usize::from),
-        load_average(),
-    );
-    for w in &plan.workloads {
-        println!("  {:<15} {}", w.label(), w.describe());
-    }
-    println!(
-        "RESULT compare-setup records={} large_records={} value_sizes={} keys={} partitions={} pairs={} workloads={}",
-        plan.sizes[0].load.records,
-        plan.sizes.get(1).map_or(0, |s| s.load.records),
-        plan.sizes.iter().map(|s| s.load.value_size.to_string()).collect::<Vec<_>>().join(","),
-        plan.sizes[0].load.keys,
-        plan.partitions,
-        plan.pairs,
-        plan.workloads.iter().map(|w| w.slug()).collect::<Vec<_>>().join(","),
-    );
-}
-
 /// Loads the inputs, then runs the rounds, printing each run as it ends.
 async fn measure_all(
     plan: &Plan,
-    admin: &kafka::Admin,
+    admin: &Admin,
     topics: &mut Vec<String>,
     groups: &mut Vec<String>,
 ) -> anyhow::Result<Results> {
     for size in &plan.sizes {
         for (topic, duplicates) in [(Some(&size.input), false), (size.duplicates.as_ref(), true)] {
             let Some(topic) = topic else { continue };
-            kafka::create_topic(admin, topic, plan.partitions).await?;
+            admin.create_topic(topic, plan.partitions, &[]).await?;
             topics.push(topic.clone());
             let (bootstrap, topic2, spec) = (plan.bootstrap.clone(), topic.clone(), size.load);
             let workload = if duplicates { dedup_bench::Workload::Duplicates } else { dedup_bench::Workload::Unique };
@@ -236,7 +210,7 @@ async fn measure_all(
         if plan.workloads.contains(&Workload::FDlq) {
             // Created before timing: the pipeline would otherwise create it during its first run.
             let dlq = format!("{}.dlq", size.input);
-            kafka::create_topic(admin, &dlq, plan.partitions).await?;
+            admin.create_topic(&dlq, plan.partitions, &[]).await?;
             topics.push(dlq);
         }
     }
@@ -257,7 +231,7 @@ async fn measure_all(
                     continue;
                 }
                 tokio::time::sleep(SETTLE).await;
-                let group = kafka::unique_name(&format!("millrace-bench-cmp-{}", workload.slug()));
+                let group = unique(&format!("millrace-bench-cmp-{}", workload.slug()));
                 let outcome = run_one(plan, admin, size, workload, &group, topics).await;
                 if !matches!(outcome, Err(NotRun::Unavailable(_))) {
                     groups.push(group);
@@ -286,16 +260,16 @@ async fn measure_all(
 /// One run of `workload` on `size`'s input, with its own group and output topic.
 async fn run_one(
     plan: &Plan,
-    admin: &kafka::Admin,
+    admin: &Admin,
     size: &Size,
     workload: Workload,
     group: &str,
     topics: &mut Vec<String>,
 ) -> Result<Done, NotRun> {
     let group = group.to_owned();
-    let output = kafka::unique_name("millrace-bench-cmp-out");
+    let output = unique("millrace-bench-cmp-out");
     if workload.has_output() {
-        kafka::create_topic(admin, &output, plan.partitions).await?;
+        admin.create_topic(&output, plan.partitions, &[]).await?;
     }
     let input = if workload.reads_duplicates() { size.duplicates.as_deref() } else { Some(size.input.as_str()) }
         .context("the duplicates topic was not loaded")?;
@@ -390,7 +364,7 @@ async fn run_one(
     let outcome = match (outcome, workload.expected_outputs(records)) {
         (Ok(mut done), Some(expected)) => {
             let (bootstrap2, output2, partitions) = (bootstrap.to_owned(), output.clone(), plan.partitions);
-            let found = tokio::task::spawn_blocking(move || kafka::end_offsets_sum(&bootstrap2, &output2, partitions))
+            let found = tokio::task::spawn_blocking(move || record_count(&bootstrap2, &output2, partitions))
                 .await
                 .map_err(joined)??;
             if found != expected {
@@ -403,143 +377,7 @@ async fn run_one(
         (outcome, _) => outcome,
     };
     if workload.has_output() {
-        kafka::clean_up_all(admin, std::slice::from_ref(&output), &[]).await;
+        admin.clean_up(std::slice::from_ref(&output), &[]).await;
     }
     outcome
-}
-
-/// Per-workload medians and per-ratio figures, printed and as `RESULT` lines. Returns how many runs
-/// failed.
-fn report(plan: &Plan, results: &Results) -> usize {
-    let ok_runs = |index: usize, w: Workload| -> Vec<&Done> {
-        results
-            .runs
-            .get(&(index, w))
-            .map(|runs| runs.iter().filter_map(|r| r.as_ref().ok()).collect())
-            .unwrap_or_default()
-    };
-    let mut failed = 0;
-    for (index, size) in plan.sizes.iter().enumerate() {
-        let bytes = size.load.value_size;
-        println!();
-        println!("summary, {bytes} B values, {} records per run (median, min-max):", size.load.records);
-        println!(
-            "{:<15}  {:>11}  {:>23}  {:>12}  {:>19}  {:>14}",
-            "workload", "records/s", "min-max records/s", "steady rec/s", "cpu s/M (min-max)", "process cpu s/M"
-        );
-        for &w in &plan.workloads {
-            let runs = ok_runs(index, w);
-            let failures: Vec<&String> = results
-                .runs
-                .get(&(index, w))
-                .map(|r| r.iter().filter_map(|r| r.as_ref().err()).collect())
-                .unwrap_or_default();
-            failed += failures.len();
-            let rps = Summary::of(runs.iter().map(|d| d.m.rps()));
-            let steady = Summary::of(runs.iter().map(|d| d.m.steady_rps()));
-            let cpu = Summary::of(runs.iter().map(|d| d.m.cpu_s_per_m()));
-            let process =
-                Summary::of(runs.iter().filter_map(|d| Some(d.process_cpu?.as_secs_f64() / d.m.records as f64 * 1e6)));
-            let status = if results.unavailable.contains_key(&w) {
-                "unavailable"
-            } else if !failures.is_empty() {
-                "failed"
-            } else {
-                "ok"
-            };
-            match (rps, steady, cpu) {
-                (Some(r), Some(st), Some(c)) => {
-                    println!(
-                        "{:<15}  {:>11.0}  {:>23}  {:>12.0}  {:>19}  {:>14}",
-                        w.label(),
-                        r.median,
-                        format!("{:.0}-{:.0}", r.min, r.max),
-                        st.median,
-                        format!("{:.2} ({:.2}-{:.2})", c.median, c.min, c.max),
-                        process.map_or_else(|| "-".to_owned(), |p| format!("{:.2}", p.median)),
-                    );
-                    println!(
-                        "RESULT compare-workload size={bytes} workload={} records={} runs={} rps={:.0} rps_min={:.0} \
-                         rps_max={:.0} steady_rps={:.0} cpu_s_per_m={:.3} cpu_min={:.3} cpu_max={:.3} \
-                         process_cpu_s_per_m={} status={status}",
-                        w.slug(),
-                        size.load.records,
-                        runs.len(),
-                        r.median,
-                        r.min,
-                        r.max,
-                        st.median,
-                        c.median,
-                        c.min,
-                        c.max,
-                        process.map_or_else(|| "na".to_owned(), |p| format!("{:.3}", p.median)),
-                    );
-                }
-                _ => {
-                    let why = results.unavailable.get(&w).cloned().or_else(|| failures.first().map(|f| f.to_string()));
-                    println!("{:<15}  {status}: {}", w.label(), why.unwrap_or_default());
-                    println!("RESULT compare-workload size={bytes} workload={} runs=0 status={status}", w.slug());
-                }
-            }
-        }
-        println!();
-        for ratio in RATIOS {
-            if !plan.workloads.contains(&ratio.a) || !plan.workloads.contains(&ratio.b) {
-                continue;
-            }
-            let (a, b) = (ok_runs(index, ratio.a), ok_runs(index, ratio.b));
-            let median = |runs: &[&Done], f: fn(&Measurement) -> f64| Summary::of(runs.iter().map(|d| f(&d.m)));
-            let (Some(ra), Some(rb), Some(ca), Some(cb)) = (
-                median(&a, Measurement::rps),
-                median(&b, Measurement::rps),
-                median(&a, Measurement::cpu_s_per_m),
-                median(&b, Measurement::cpu_s_per_m),
-            ) else {
-                let missing: BTreeSet<String> = [ratio.a, ratio.b]
-                    .into_iter()
-                    .filter(|w| results.unavailable.contains_key(w) || ok_runs(index, *w).is_empty())
-                    .map(|w| w.label())
-                    .collect();
-                println!(
-                    "{:<32}  not available ({} not measured){}",
-                    ratio.label(),
-                    missing.into_iter().collect::<Vec<_>>().join(", "),
-                    if ratio.at_least.is_some() { format!("; target {}", ratio.target_text()) } else { String::new() },
-                );
-                println!("RESULT compare-ratio size={bytes} ratio={} verdict=na", ratio.slug());
-                continue;
-            };
-            let value = ra.median / rb.median;
-            let steady = median(&a, Measurement::steady_rps)
-                .zip(median(&b, Measurement::steady_rps))
-                .map_or(f64::NAN, |(x, y)| x.median / y.median);
-            let cpu_ratio = ca.median / cb.median;
-            // Per-round ratios: the runs of one round were back to back.
-            let per_round = Summary::of(a.iter().zip(&b).map(|(x, y)| x.m.rps() / y.m.rps())).expect("non-empty");
-            let verdict = match ratio.verdict(value, cpu_ratio) {
-                Some(true) => "met",
-                Some(false) => "not-met",
-                None => "info",
-            };
-            println!(
-                "{:<32}  {value:.3} (rounds {:.3}-{:.3}; steady {steady:.3}), CPU per record {cpu_ratio:.2}x{}",
-                ratio.label(),
-                per_round.min,
-                per_round.max,
-                match ratio.at_least {
-                    Some(_) => format!("; target {}: {}", ratio.target_text(), verdict.replace('-', " ")),
-                    None => String::new(),
-                },
-            );
-            println!(
-                "RESULT compare-ratio size={bytes} ratio={} value={value:.3} min={:.3} max={:.3} steady={steady:.3} \
-                 cpu_ratio={cpu_ratio:.3} verdict={verdict}",
-                ratio.slug(),
-                per_round.min,
-                per_round.max,
-            );
-        }
-    }
-    println!("load average {}", load_average());
-    failed
 }

@@ -1,0 +1,65 @@
+//! Kafka helpers shared by Millrace's integration tests, the chaos harness and the benchmarks, which
+//! all run against a real broker (address from `KAFKA_BOOTSTRAP_SERVERS`, default `127.0.0.1:9092`,
+//! unless a caller names one).
+//!
+//! - names and waits: [`unique`], [`eventually`];
+//! - topics and groups: [`Admin`], [`create_topic`], [`create_topic_with`];
+//! - offsets: [`end_offsets`], [`watermarks`], [`record_count`], [`committed_offsets`], [`Watermarks`];
+//! - producing: [`produce`], [`keyed_records`], [`produce_raw`];
+//! - reading back: [`read_topic`], [`read_topic_as`], [`TopicReader`];
+//! - child processes: [`Reaped`], [`signal`], [`wait_exit`], [`proc_status_kib`], [`rss_kib`].
+//!
+//! Errors are `anyhow` errors: these are test and benchmark fixtures, whose callers only report them.
+
+mod admin;
+mod offsets;
+mod process;
+mod produce;
+mod read;
+
+pub use admin::{Admin, create_topic, create_topic_with};
+pub use offsets::{Isolation, Watermarks, committed_offsets, end_offsets, record_count, watermarks};
+pub use process::{Reaped, proc_status_kib, rss_kib, signal, wait_exit};
+pub use produce::{RawRecord, Written, keyed_records, produce, produce_raw};
+pub use read::{ReadRecord, TopicReader, read_topic, read_topic_as};
+
+use anyhow::{Result, bail};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::BaseConsumer;
+use std::time::{Duration, Instant};
+
+/// The broker address from the environment (`KAFKA_BOOTSTRAP_SERVERS`, default `127.0.0.1:9092`).
+pub fn bootstrap() -> String {
+    millrace::PipelineConfig::bootstrap_from_env()
+}
+
+/// A name no other test or benchmark run uses: `prefix-<pid>-<random>`.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}-{:08x}", std::process::id(), rand::random::<u32>())
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or fails after `timeout` with `what` (used only
+/// for state outside this process, such as a child's journal or the group's committed offsets).
+pub async fn eventually<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check()? {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A consumer of `bootstrap` without auto-commit, in `group` if given (for metadata, watermarks,
+/// committed offsets, or an assigned reader).
+fn plain_consumer(bootstrap: &str, group: Option<&str>) -> Result<BaseConsumer> {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap).set("enable.auto.commit", "false");
+    if let Some(g) = group {
+        c.set("group.id", g);
+    }
+    Ok(c.create()?)
+}
