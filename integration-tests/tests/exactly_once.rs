@@ -113,14 +113,30 @@ struct Copier<'a> {
 }
 
 impl Copier<'_> {
-    fn spawn(&self) -> Result<Reaped> {
+    /// Starts incarnation `n`, its log (warnings, and Millrace's info lines: assignments, rewinds,
+    /// transaction aborts) in a file of its own, so a test that times out can say what the copier did.
+    fn spawn(&self, n: usize) -> Result<Reaped> {
+        let log = std::fs::File::create(self.log(n))?;
         Ok(Reaped(
             worker_command(WORKER, self.input, self.group, self.journal)
                 .args(["--output-topic", self.output, "--delay-max-ms", "2", "--concurrency", "64"])
                 .args(&self.extra)
-                .env("RUST_LOG", "error")
+                .env("RUST_LOG", "warn,millrace=info,librdkafka=error")
+                .stderr(log)
                 .spawn()?,
         ))
+    }
+
+    fn log(&self, n: usize) -> std::path::PathBuf {
+        self.journal.with_extension(format!("log{n}"))
+    }
+
+    /// Adds the last lines of incarnation `n`'s log to a failure.
+    fn explain(&self, n: usize, e: anyhow::Error) -> anyhow::Error {
+        let text = std::fs::read_to_string(self.log(n)).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+        e.context(format!("copier incarnation {n}; the last lines of its log ({}):\n{tail}", self.log(n).display()))
     }
 }
 
@@ -169,7 +185,7 @@ async fn copier_under_kills(name: &str, n: usize, kills: usize, exactly_once: bo
     // Progress: the input offsets the group committed.
     let committed_total = || -> Result<i64> { Ok(committed_offsets(&group, &input, INPUT_PARTITIONS)?.values().sum()) };
 
-    let mut child = copier.spawn()?;
+    let mut child = copier.spawn(0)?;
     let mut kills_in_open_transaction = 0;
     for kill in 0..kills {
         // Random committed progress between kills (every incarnation commits something before it
@@ -178,7 +194,8 @@ async fn copier_under_kills(name: &str, n: usize, kills: usize, exactly_once: bo
         eventually("the copier to commit progress", Duration::from_secs(90), || {
             Ok((committed_total()? >= target).then_some(()))
         })
-        .await?;
+        .await
+        .map_err(|e| copier.explain(kill, e))?;
         if exactly_once && kill == 1 {
             // Kill while a transaction has written outputs but not committed them: the output's
             // read_uncommitted end is ahead of its read_committed end (the last stable offset)
@@ -194,13 +211,14 @@ async fn copier_under_kills(name: &str, n: usize, kills: usize, exactly_once: bo
         }
         signal(&child, libc::SIGKILL)?;
         wait_exit(&mut child, Duration::from_secs(10)).await?;
-        child = copier.spawn()?;
+        child = copier.spawn(kill + 1)?;
     }
     let ends = end_offsets(&input, INPUT_PARTITIONS)?;
     eventually("committed offsets to reach the input's end", Duration::from_secs(180), || {
         Ok((committed_offsets(&group, &input, INPUT_PARTITIONS)? == ends).then_some(()))
     })
-    .await?;
+    .await
+    .map_err(|e| copier.explain(kills, e))?;
     signal(&child, libc::SIGTERM)?;
     ensure!(wait_exit(&mut child, Duration::from_secs(30)).await?.success(), "copier exit");
     println!("{name}: {}", worker_summary(&mut child)?.trim());
