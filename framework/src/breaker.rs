@@ -5,17 +5,19 @@
 //! a burst straddling two windows trips the consecutive limit instead).
 
 use crate::config::CircuitBreakerConfig;
-use crate::stats::Stats;
 use crate::telemetry::Telemetry;
 use crate::telemetry::events::{BreakerClosed, BreakerTripped};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::time::Instant;
 
 pub(crate) struct Breaker {
     config: CircuitBreakerConfig,
     /// Open or closed, for records waiting to start.
     state: tokio::sync::watch::Sender<bool>,
+    /// The same, for the cheap check on every record and poll turn (the breaker owns this state;
+    /// `Stats::breaker_open` only mirrors it for telemetry).
+    open: AtomicBool,
     total: AtomicU32,
     dead: AtomicU32,
     consecutive: AtomicU32,
@@ -27,6 +29,7 @@ impl Breaker {
         Self {
             config,
             state: tokio::sync::watch::Sender::new(false),
+            open: AtomicBool::new(false),
             total: AtomicU32::new(0),
             dead: AtomicU32::new(0),
             consecutive: AtomicU32::new(0),
@@ -65,6 +68,7 @@ impl Breaker {
         *open = Some(Instant::now() + self.config.cooldown);
         self.consecutive.store(0, Relaxed);
         if !was_open {
+            self.open.store(true, Relaxed);
             self.state.send_replace(true);
             BreakerTripped { reason: &reason, cooldown: self.config.cooldown }.emit(telemetry);
         }
@@ -73,12 +77,18 @@ impl Breaker {
 
     /// Waits while the breaker is open: records already polled do not start either, so the flood
     /// stops at once rather than after the buffered records.
-    pub(crate) async fn closed(&self, stats: &Stats) {
-        if stats.breaker_open.load(Relaxed) == 0 {
+    pub(crate) async fn closed(&self) {
+        if !self.tripped() {
             return;
         }
         let mut state = self.state.subscribe();
         let _ = state.wait_for(|open| !open).await;
+    }
+
+    /// Whether the breaker tripped and has not closed yet (one atomic load; the cool-down is
+    /// checked by [`is_open`](Self::is_open)).
+    pub(crate) fn tripped(&self) -> bool {
+        self.open.load(Relaxed)
     }
 
     /// Whether consumption must stay paused; closes the breaker once the cool-down has passed.
@@ -87,6 +97,7 @@ impl Breaker {
         match *open {
             Some(until) if Instant::now() >= until => {
                 *open = None;
+                self.open.store(false, Relaxed);
                 BreakerClosed.emit(telemetry);
                 self.state.send_replace(false);
                 false

@@ -113,8 +113,10 @@ impl<P: Processor> Pipeline<P> {
             }
             _ => Committer::offsets(),
         };
+        let breaker = Arc::new(Breaker::new(config.circuit_breaker));
         let hooks = Hooks {
             committer,
+            breaker: breaker.clone(),
             assignments: Arc::new(Mutex::new(Assignments::default())),
             starter: OnceLock::new(),
             telemetry: telemetry.clone(),
@@ -144,7 +146,7 @@ impl<P: Processor> Pipeline<P> {
             rejections,
             admin: Arc::new(admin),
             dlq_topics: Mutex::default(),
-            breaker: Breaker::new(config.circuit_breaker),
+            breaker,
             log,
             processor,
             concurrency: Semaphore::new(config.bounds.max_concurrency),

@@ -118,8 +118,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
         let mut producer_ready = true;
         while !self.stop.is_cancelled() {
             // The DLQ circuit breaker pauses every partition while open (newly assigned ones too).
-            let breaker_flag = self.shared.telemetry.stats.breaker_open.load(Relaxed) != 0;
-            if breaker_flag && self.shared.breaker.is_open(&self.shared.telemetry) {
+            if self.shared.breaker.tripped() && self.shared.breaker.is_open(&self.shared.telemetry) {
                 self.flush(&mut batches);
                 let all: Vec<_> = self.hooks().lock().handles().cloned().collect();
                 self.pause(&all);
@@ -308,7 +307,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
 
     /// Resumes paused partitions that drained to half their bound.
     fn resume_drained(&self) {
-        if self.shared.telemetry.stats.breaker_open.load(Relaxed) != 0 {
+        if self.shared.breaker.tripped() {
             return; // the circuit breaker holds everything paused
         }
         let half = self.shared.config.bounds.max_in_flight_per_partition / 2;

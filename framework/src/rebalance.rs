@@ -10,6 +10,7 @@
 //! seeks the consumer back to the last committed offset.
 
 use crate::assignments::{Assignments, Starter};
+use crate::breaker::Breaker;
 use crate::commit::Committer;
 use crate::kafka::log::KafkaLog;
 use crate::partition::PartitionHandle;
@@ -44,6 +45,8 @@ pub(crate) struct Hooks {
     pub(crate) committer: Committer,
     /// Reports stalled partitions and an unreachable cluster from librdkafka's statistics.
     pub(crate) watchdog: Watchdog,
+    /// The DLQ circuit breaker (while it is open every partition is held back, not stalled).
+    pub(crate) breaker: Arc<Breaker>,
 }
 
 impl Hooks {
@@ -194,7 +197,7 @@ impl ClientContext for Hooks {
     }
 
     fn stats(&self, statistics: Statistics) {
-        let busy = self.telemetry.stats.breaker_open.load(Relaxed) != 0;
+        let busy = self.breaker.tripped();
         let owned = self.lock();
         self.watchdog.observe(&statistics, &owned, &self.telemetry, busy);
         self.telemetry.observe_partitions(&statistics, &owned, self.watchdog.read_committed());

@@ -34,7 +34,7 @@ pub(crate) struct Shared<P> {
     pub(crate) admin: Arc<AdminClient<DefaultClientContext>>,
     /// DLQ topics known to exist in this run.
     pub(crate) dlq_topics: Mutex<HashSet<String>>,
-    pub(crate) breaker: Breaker,
+    pub(crate) breaker: Arc<Breaker>,
     pub(crate) log: Arc<KafkaLog>,
     /// The dedup store, when on.
     pub(crate) dedup: Option<Arc<Dedup>>,

@@ -4,16 +4,15 @@
 
 use crate::processor::Processor;
 use crate::shared::Shared;
-use std::sync::atomic::Ordering::Relaxed;
 use tokio_util::sync::CancellationToken;
 
 /// Returns once the breaker is closed; `false` when `cancel` fired first.
 pub(crate) async fn closed<P: Processor>(shared: &Shared<P>, cancel: &CancellationToken) -> bool {
-    if shared.telemetry.stats.breaker_open.load(Relaxed) == 0 {
+    if !shared.breaker.tripped() {
         return true;
     }
     tokio::select! {
-        _ = shared.breaker.closed(&shared.telemetry.stats) => true,
+        _ = shared.breaker.closed() => true,
         _ = cancel.cancelled() => false,
     }
 }
