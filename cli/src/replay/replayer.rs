@@ -1,29 +1,18 @@
-//! `millrace dlq replay`: produces DLQ records back to their original topic (or `--to`).
-//!
-//! The replay keeps its position in a consumer group of its own on the DLQ topic, so an interrupted
-//! replay resumes where it stopped. A DLQ offset is committed only when every earlier record of its
-//! partition is finished: produced and acknowledged (idempotent producer, `acks=all`), or not to be
-//! produced (filtered out, parked, without Millrace headers). Commits are synchronous and cover only
-//! that contiguous prefix, so a crash replays at most the unacknowledged tail again, never skips.
-//!
-//! A replayed record is the original: key, value bytes unchanged, user headers (idempotency keys
-//! survive), plus `millrace.replay.count` = previous count + 1; the other `millrace.*` headers are
-//! dropped. Sent back to its original topic it goes to its original partition while that still
-//! exists, so per-key order is kept whatever partitioner first placed it.
+//! The replay loop: reads the DLQ, produces what is to be replayed, commits the finished prefix.
 
-use crate::args::{Format, ReplayArgs};
+use super::output::{Summary, event_line};
+use super::{Action, decide, default_group, replay_output, target_partition};
+use crate::args::ReplayArgs;
 use crate::filter::Filter;
 use crate::progress::Progress;
 use crate::read::{DlqRecord, TopicScan, partition_count};
-use crate::show::cell;
 use anyhow::{Context as _, Result, anyhow, bail};
 use futures::FutureExt as _;
 use millrace::EmitError;
-use millrace::dlq::{headers, replay_count, user_headers};
+use millrace::dlq::replay_count;
 use millrace::record::OutputRecord;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, Producer as _};
-use serde::Serialize;
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::pin::Pin;
@@ -34,102 +23,6 @@ use std::time::{Duration, Instant};
 const MAX_PENDING: usize = 10_000;
 /// How often the committable prefix is committed while the replay runs.
 const COMMIT_EVERY: Duration = Duration::from_secs(1);
-
-/// What to do with one DLQ record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
-    /// Not selected by the filters: skipped and committed past.
-    FilteredOut,
-    /// Already replayed `--max-replays` times: reported, not produced, committed past.
-    Parked {
-        /// Its replay count.
-        replays: u32,
-    },
-    /// No Millrace headers and no `--to`: reported, not produced, committed past.
-    SkippedNoHeaders,
-    /// Produce it to `topic`.
-    Replay {
-        /// Destination topic.
-        topic: String,
-    },
-}
-
-/// Decides what happens to `record` (a pure function of the record and the options).
-pub fn decide(record: &DlqRecord, filter: &Filter, to: Option<&str>, max_replays: u32) -> Action {
-    if !filter.matches(record) {
-        return Action::FilteredOut;
-    }
-    let replays = replay_count(&record.headers);
-    if replays >= max_replays {
-        return Action::Parked { replays };
-    }
-    match (to, &record.info) {
-        (Some(to), _) => Action::Replay { topic: to.to_owned() },
-        (None, Some(info)) => Action::Replay { topic: info.original_topic.clone() },
-        (None, None) => Action::SkippedNoHeaders,
-    }
-}
-
-/// The record to produce for a replay: original key, value bytes and user headers, plus
-/// `millrace.replay.count` one higher than the DLQ record's; no other `millrace.*` header.
-pub fn replay_output(record: &DlqRecord, topic: &str, partition: Option<i32>) -> OutputRecord {
-    let mut out = OutputRecord::to(topic);
-    out.partition = partition;
-    out.key = record.key.clone();
-    out.value = record.value.clone();
-    out.headers = user_headers(&record.headers);
-    out.headers.push(headers::REPLAY_COUNT, replay_count(&record.headers).saturating_add(1).to_string());
-    out
-}
-
-/// The partition to produce to: the original one when going back to the original topic and it still
-/// exists there (`partitions` is the topic's current count), else `None` (the partitioner decides).
-pub fn target_partition(record: &DlqRecord, topic: &str, partitions: i32) -> Option<i32> {
-    let info = record.info.as_ref()?;
-    (info.original_topic == topic && info.original_partition < partitions).then_some(info.original_partition)
-}
-
-/// The replay's default consumer group: `millrace-replay.<dlq topic>`, plus `.<filter hash>` when
-/// filters are given, so differently filtered replays keep separate positions.
-pub fn default_group(dlq_topic: &str, filter: &Filter) -> String {
-    if filter.is_empty() {
-        format!("millrace-replay.{dlq_topic}")
-    } else {
-        format!("millrace-replay.{dlq_topic}.{}", filter.short_hash())
-    }
-}
-
-/// What a replay did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Summary {
-    /// Records produced and acknowledged (with `--dry-run`: records that would be produced).
-    pub replayed: u64,
-    /// Records not produced because they reached `--max-replays`.
-    pub parked: u64,
-    /// Records without Millrace headers, not produced for lack of `--to`.
-    pub skipped_no_headers: u64,
-    /// Records not selected by the filters.
-    pub filtered_out: u64,
-    /// Records read from the DLQ.
-    pub scanned: u64,
-    /// Whether nothing was produced or committed.
-    pub dry_run: bool,
-    /// Whether a signal stopped the replay before the end.
-    pub interrupted: bool,
-    /// The consumer group holding the replay position.
-    pub group: String,
-}
-
-impl Summary {
-    /// The machine-readable summary line:
-    /// `replayed N, parked N, skipped-no-headers N, filtered-out N`.
-    pub fn line(&self) -> String {
-        format!(
-            "replayed {}, parked {}, skipped-no-headers {}, filtered-out {}",
-            self.replayed, self.parked, self.skipped_no_headers, self.filtered_out
-        )
-    }
-}
 
 /// A record whose DLQ offset waits to be committed: finished, or waiting for its acknowledgement.
 struct Pending {
@@ -184,45 +77,7 @@ struct Replayer<'a> {
 
 impl Replayer<'_> {
     fn report(&self, event: &str, record: &DlqRecord, detail: &str, extra: serde_json::Value) {
-        let line = match self.args.format {
-            Format::Table => {
-                let original = record
-                    .info
-                    .as_ref()
-                    .map(|i| {
-                        format!(
-                            "  original {} partition {} offset {}",
-                            i.original_topic, i.original_partition, i.original_offset
-                        )
-                    })
-                    .unwrap_or_default();
-                format!(
-                    "{event:<12}  DLQ partition {} offset {}{original}  key {}  {detail}",
-                    record.partition,
-                    record.offset,
-                    cell(record.key.as_deref(), 80)
-                )
-            }
-            Format::Json => {
-                let mut obj = json!({
-                    "event": event,
-                    "dlq_partition": record.partition,
-                    "dlq_offset": record.offset,
-                    "original_topic": record.info.as_ref().map(|i| &i.original_topic),
-                    "original_partition": record.info.as_ref().map(|i| i.original_partition),
-                    "original_offset": record.info.as_ref().map(|i| i.original_offset),
-                    "replay_count": replay_count(&record.headers),
-                });
-                let mut key = serde_json::Map::new();
-                crate::show::bytes_json(&mut key, "key", record.key.as_deref());
-                if let (Some(obj), serde_json::Value::Object(extra)) = (obj.as_object_mut(), extra) {
-                    obj.extend(key);
-                    obj.extend(extra);
-                }
-                obj.to_string()
-            }
-        };
-        self.progress.println(&line);
+        self.progress.println(&event_line(self.args.format, event, record, detail, extra));
     }
 
     fn status(&self) -> String {
@@ -476,143 +331,4 @@ pub async fn run(bootstrap: &str, args: &ReplayArgs) -> Result<Summary> {
     tracing::debug!("producer flushed");
     scanned.and(settled).and(committed).with_context(|| format!("replay stopped ({})", replayer.summary.line()))?;
     Ok(replayer.summary)
-}
-
-/// Prints the summary: the summary line (or a JSON object) on stdout.
-pub fn print_summary(summary: &Summary, format: Format) -> Result<()> {
-    if summary.dry_run {
-        eprintln!("dry run: nothing was produced or committed");
-    }
-    if summary.interrupted {
-        eprintln!("interrupted: the next replay with group {} resumes from here", summary.group);
-    }
-    match format {
-        Format::Table => println!("{}", summary.line()),
-        Format::Json => println!("{}", serde_json::to_string(summary)?),
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use millrace::dlq::{DlqErrorKind, DlqInfo, Failure, dead_letter};
-    use millrace::record::{Headers, Record};
-
-    fn dlq_record(replays: Option<&str>) -> DlqRecord {
-        let mut headers = Headers::default();
-        headers.push("idempotency-key", "order-7");
-        headers.0.push(millrace::record::Header { name: "null-header".into(), value: None });
-        if let Some(n) = replays {
-            headers.push(millrace::dlq::headers::REPLAY_COUNT, n);
-        }
-        let original = Record {
-            topic: "orders".into(),
-            partition: 3,
-            offset: 42,
-            timestamp: Some(1),
-            key: Some(b"k".to_vec()),
-            value: Some(vec![0xff, 0x00, 0xfe]),
-            headers,
-        };
-        let failure = Failure {
-            kind: DlqErrorKind::Permanent,
-            message: "bad".into(),
-            attempts: 1,
-            first_failure_ms: 5,
-            last_failure_ms: 6,
-        };
-        let out = dead_letter(&original, "orders.dlq", "billing", "Charge", &failure);
-        let info = DlqInfo::from_headers(&out.headers);
-        assert!(info.is_some());
-        DlqRecord {
-            partition: 0,
-            offset: 7,
-            timestamp: None,
-            key: out.key,
-            value: out.value,
-            headers: out.headers,
-            info,
-        }
-    }
-
-    fn no_headers_record() -> DlqRecord {
-        let mut headers = Headers::default();
-        headers.push("trace", "t1");
-        DlqRecord {
-            partition: 1,
-            offset: 0,
-            timestamp: None,
-            key: Some(b"k".to_vec()),
-            value: Some(b"v".to_vec()),
-            headers,
-            info: None,
-        }
-    }
-
-    #[test]
-    fn rewrite_keeps_the_original_and_counts_the_replay() {
-        let record = dlq_record(Some("1"));
-        let out = replay_output(&record, "orders", Some(3));
-        assert_eq!(out.topic, "orders");
-        assert_eq!(out.partition, Some(3));
-        assert_eq!(out.key.as_deref(), Some(&b"k"[..]));
-        assert_eq!(out.value.as_deref(), Some(&[0xff, 0x00, 0xfe][..]), "value bytes unchanged");
-        let names: Vec<&str> = out.headers.iter().map(|h| h.name.as_str()).collect();
-        assert_eq!(
-            names,
-            ["idempotency-key", "null-header", headers::REPLAY_COUNT],
-            "user headers in order, then the count"
-        );
-        assert_eq!(out.headers.0[1].value, None, "null headers stay null");
-        assert_eq!(out.headers.get(headers::REPLAY_COUNT), Some(&b"2"[..]));
-        assert_eq!(
-            replay_output(&dlq_record(None), "orders", None).headers.get(headers::REPLAY_COUNT),
-            Some(&b"1"[..])
-        );
-        let plain = replay_output(&no_headers_record(), "retry", None);
-        assert_eq!(plain.headers.get("trace"), Some(&b"t1"[..]));
-        assert_eq!(plain.headers.get(headers::REPLAY_COUNT), Some(&b"1"[..]));
-    }
-
-    #[test]
-    fn decisions() {
-        let none = Filter::default();
-        assert_eq!(decide(&dlq_record(None), &none, None, 3), Action::Replay { topic: "orders".into() });
-        assert_eq!(decide(&dlq_record(Some("2")), &none, None, 3), Action::Replay { topic: "orders".into() });
-        assert_eq!(decide(&dlq_record(Some("3")), &none, None, 3), Action::Parked { replays: 3 });
-        assert_eq!(decide(&dlq_record(None), &none, None, 0), Action::Parked { replays: 0 });
-        assert_eq!(decide(&dlq_record(None), &none, Some("retry"), 3), Action::Replay { topic: "retry".into() });
-        assert_eq!(decide(&no_headers_record(), &none, None, 3), Action::SkippedNoHeaders);
-        assert_eq!(decide(&no_headers_record(), &none, Some("retry"), 3), Action::Replay { topic: "retry".into() });
-        let panics = Filter { kinds: vec![DlqErrorKind::Panic], ..Filter::default() };
-        assert_eq!(decide(&dlq_record(Some("9")), &panics, None, 3), Action::FilteredOut, "filters come first");
-    }
-
-    #[test]
-    fn original_partition_only_on_the_original_topic() {
-        let record = dlq_record(None);
-        assert_eq!(target_partition(&record, "orders", 4), Some(3));
-        assert_eq!(target_partition(&record, "orders", 2), None, "partition gone: let the partitioner choose");
-        assert_eq!(target_partition(&record, "retry", 8), None);
-        assert_eq!(target_partition(&no_headers_record(), "orders", 8), None);
-    }
-
-    #[test]
-    fn groups_differ_by_filter() {
-        let none = Filter::default();
-        assert_eq!(default_group("orders.dlq", &none), "millrace-replay.orders.dlq");
-        let panics = Filter { kinds: vec![DlqErrorKind::Panic], ..Filter::default() };
-        let decodes = Filter { kinds: vec![DlqErrorKind::Decode], ..Filter::default() };
-        let g = default_group("orders.dlq", &panics);
-        assert!(g.starts_with("millrace-replay.orders.dlq.") && g.len() == "millrace-replay.orders.dlq.".len() + 8);
-        assert_ne!(g, default_group("orders.dlq", &decodes));
-        assert_eq!(g, default_group("orders.dlq", &panics.clone().normalized().unwrap()));
-    }
-
-    #[test]
-    fn summary_line_is_stable() {
-        let s = Summary { replayed: 4, parked: 1, skipped_no_headers: 2, filtered_out: 3, ..Summary::default() };
-        assert_eq!(s.line(), "replayed 4, parked 1, skipped-no-headers 2, filtered-out 3");
-    }
 }
