@@ -49,7 +49,7 @@ pub fn decide(record: &DlqRecord, filter: &Filter, to: Option<&str>, max_replays
     if !filter.matches(record) {
         return Action::FilteredOut;
     }
-    let replays = replay_count(&record.headers);
+    let replays = replay_count(&record.record.headers);
     if replays >= max_replays {
         return Action::Parked { replays };
     }
@@ -65,10 +65,10 @@ pub fn decide(record: &DlqRecord, filter: &Filter, to: Option<&str>, max_replays
 pub fn replay_output(record: &DlqRecord, topic: &str, partition: Option<i32>) -> OutputRecord {
     let mut out = OutputRecord::to(topic);
     out.partition = partition;
-    out.key = record.key.clone();
-    out.value = record.value.clone();
-    out.headers = user_headers(&record.headers);
-    out.headers.push(headers::REPLAY_COUNT, replay_count(&record.headers).saturating_add(1).to_string());
+    out.key = record.record.key.clone();
+    out.value = record.record.value.clone();
+    out.headers = user_headers(&record.record.headers);
+    out.headers.push(headers::REPLAY_COUNT, replay_count(&record.record.headers).saturating_add(1).to_string());
     out
 }
 
@@ -92,7 +92,7 @@ pub fn default_group(dlq_topic: &str, filter: &Filter) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use millrace::dlq::{DlqErrorKind, DlqInfo, Failure, dead_letter};
+    use millrace::dlq::{DlqErrorKind, Failure, dead_letter};
     use millrace::record::{Headers, Record};
 
     fn dlq_record(replays: Option<&str>) -> DlqRecord {
@@ -118,32 +118,13 @@ mod tests {
             first_failure_ms: 5,
             last_failure_ms: 6,
         };
-        let out = dead_letter(&original, "orders.dlq", "billing", "Charge", &failure);
-        let info = DlqInfo::from_headers(&out.headers);
-        assert!(info.is_some());
-        DlqRecord {
-            partition: 0,
-            offset: 7,
-            timestamp: None,
-            key: out.key,
-            value: out.value,
-            headers: out.headers,
-            info,
-        }
+        let record = DlqRecord::written(dead_letter(&original, "orders.dlq", "billing", "Charge", &failure), 0, 7);
+        assert!(record.info.is_some());
+        record
     }
 
     fn no_headers_record() -> DlqRecord {
-        let mut headers = Headers::default();
-        headers.push("trace", "t1");
-        DlqRecord {
-            partition: 1,
-            offset: 0,
-            timestamp: None,
-            key: Some(b"k".to_vec()),
-            value: Some(b"v".to_vec()),
-            headers,
-            info: None,
-        }
+        DlqRecord::written(OutputRecord::to("orders.dlq").key("k").value("v").header("trace", "t1"), 1, 0)
     }
 
     #[test]

@@ -63,23 +63,23 @@ pub(super) fn event_line(
                 .unwrap_or_default();
             format!(
                 "{event:<12}  DLQ partition {} offset {}{original}  key {}  {detail}",
-                record.partition,
-                record.offset,
-                cell(record.key.as_deref(), 80)
+                record.record.partition,
+                record.record.offset,
+                cell(record.record.key.as_deref(), 80)
             )
         }
         Format::Json => {
             let mut obj = json!({
                 "event": event,
-                "dlq_partition": record.partition,
-                "dlq_offset": record.offset,
+                "dlq_partition": record.record.partition,
+                "dlq_offset": record.record.offset,
                 "original_topic": record.info.as_ref().map(|i| &i.original_topic),
                 "original_partition": record.info.as_ref().map(|i| i.original_partition),
                 "original_offset": record.info.as_ref().map(|i| i.original_offset),
-                "replay_count": replay_count(&record.headers),
+                "replay_count": replay_count(&record.record.headers),
             });
             let mut key = serde_json::Map::new();
-            crate::show::bytes_json(&mut key, "key", record.key.as_deref());
+            crate::show::bytes_json(&mut key, "key", record.record.key.as_deref());
             if let (Some(obj), serde_json::Value::Object(extra)) = (obj.as_object_mut(), extra) {
                 obj.extend(key);
                 obj.extend(extra);

@@ -119,8 +119,8 @@ impl Replayer<'_> {
                 let Some(partitions) = self.destination(&topic)? else {
                     bail!(
                         "topic {topic} does not exist (destination of DLQ partition {} offset {}); create it or replay with --to",
-                        record.partition,
-                        record.offset
+                        record.record.partition,
+                        record.record.offset
                     );
                 };
                 let out = replay_output(&record, &topic, target_partition(&record, &topic, partitions));
@@ -147,13 +147,16 @@ impl Replayer<'_> {
                         let detail = format!("-> {target}{no_headers}");
                         self.report("replaying", &record, &detail, json!({"to_topic": topic}));
                     }
-                    let what = format!("DLQ partition {} offset {} to {target}", record.partition, record.offset);
+                    let what = format!(
+                        "DLQ partition {} offset {} to {target}",
+                        record.record.partition, record.record.offset
+                    );
                     delivery = Some((self.send(&out).await?, what));
                 }
             }
         }
         self.summary.scanned += 1;
-        self.pending.push_back(Pending { partition: record.partition, offset: record.offset, delivery });
+        self.pending.push_back(Pending { partition: record.record.partition, offset: record.record.offset, delivery });
         self.settle(false).await?;
         while self.pending.len() > MAX_PENDING {
             self.settle_one(true).await?;
