@@ -28,7 +28,16 @@ const COMMIT_EVERY: Duration = Duration::from_secs(1);
 struct Pending {
     partition: i32,
     offset: i64,
-    delivery: Option<(DeliveryFuture, String)>,
+    delivery: Option<InFlight>,
+}
+
+/// A produce waiting for its acknowledgement.
+struct InFlight {
+    delivery: DeliveryFuture,
+    /// The topic produced to (for the framework's delivery check and its log).
+    topic: String,
+    /// What was produced, for the error messages: `DLQ partition P offset O to TARGET`.
+    what: String,
 }
 
 /// Spaces produces `1/rate` seconds apart.
@@ -151,7 +160,7 @@ impl Replayer<'_> {
                         "DLQ partition {} offset {} to {target}",
                         record.record.partition, record.record.offset
                     );
-                    delivery = Some((self.send(&out).await?, what));
+                    delivery = Some(InFlight { delivery: self.send(&out).await?, topic: out.topic.clone(), what });
                 }
             }
         }
@@ -194,7 +203,7 @@ impl Replayer<'_> {
     /// pending record, so that nothing at or after it is committed.
     async fn settle_one(&mut self, wait: bool) -> Result<bool> {
         let Some(front) = self.pending.front_mut() else { return Ok(false) };
-        if let Some((delivery, what)) = &mut front.delivery {
+        if let Some(InFlight { delivery, topic, what }) = &mut front.delivery {
             let acked = if wait {
                 delivery.await
             } else {
@@ -203,8 +212,8 @@ impl Replayer<'_> {
                     None => return Ok(false),
                 }
             };
-            let what = what.clone();
-            if let Err(e) = self.acknowledged(acked, &what) {
+            let (topic, what) = (topic.clone(), what.clone());
+            if let Err(e) = self.acknowledged(acked, &topic, &what) {
                 self.pending.clear();
                 return Err(e);
             }
@@ -221,21 +230,11 @@ impl Replayer<'_> {
         Ok(())
     }
 
-    fn acknowledged(&mut self, acked: <DeliveryFuture as Future>::Output, what: &str) -> Result<()> {
-        match millrace::delivery_offset(what, acked) {
-            Ok(_) => {
-                self.summary.replayed += 1;
-                Ok(())
-            }
-            // A success without an offset does not prove the write: stop before committing past
-            // it; a second run replays it.
-            Err(EmitError::Unconfirmed { .. }) => Err(anyhow!(
-                "producing {what}: reported delivered without an offset, so the write is not confirmed; \
-                 nothing from it on was committed: run the replay again"
-            )),
-            Err(EmitError::NotAcknowledged { source, .. }) => Err(anyhow!("producing {what} failed: {source}")),
-            Err(_) => Err(anyhow!("producing {what}: the producer went away before acknowledging")),
-        }
+    /// Counts an acknowledged replay to `topic`, or says why `what` is not acknowledged.
+    fn acknowledged(&mut self, acked: <DeliveryFuture as Future>::Output, topic: &str, what: &str) -> Result<()> {
+        acknowledgement(acked, topic, what)?;
+        self.summary.replayed += 1;
+        Ok(())
     }
 
     /// Commits the finished prefix of each partition that moved since the last commit.
@@ -252,6 +251,23 @@ impl Replayer<'_> {
         self.scan.commit(&moved)?;
         self.committed.extend(moved);
         Ok(())
+    }
+}
+
+/// What the delivery report of a replay of `what` to `topic` proves: `Ok` when the broker
+/// acknowledged it with an offset, else the error to stop with (the framework's check; `topic` names
+/// the topic in the warning it logs for an offset-less report).
+fn acknowledgement(acked: <DeliveryFuture as Future>::Output, topic: &str, what: &str) -> Result<()> {
+    match millrace::delivery_offset(topic, acked) {
+        Ok(_) => Ok(()),
+        // A success without an offset does not prove the write: stop before committing past it; a
+        // second run replays it.
+        Err(EmitError::Unconfirmed { .. }) => Err(anyhow!(
+            "producing {what}: reported delivered without an offset, so the write is not confirmed; \
+             nothing from it on was committed: run the replay again"
+        )),
+        Err(EmitError::NotAcknowledged { source, .. }) => Err(anyhow!("producing {what} failed: {source}")),
+        Err(_) => Err(anyhow!("producing {what}: the producer went away before acknowledging")),
     }
 }
 
@@ -334,4 +350,52 @@ pub async fn run(bootstrap: &str, args: &ReplayArgs) -> Result<Summary> {
     tracing::debug!("producer flushed");
     scanned.and(settled).and(committed).with_context(|| format!("replay stopped ({})", replayer.summary.line()))?;
     Ok(replayer.summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::Timestamp;
+    use rdkafka::producer::future_producer::Delivery;
+    use std::sync::{Arc, Mutex};
+
+    /// The warnings logged while `f` runs, as text.
+    fn warnings(f: impl FnOnce()) -> String {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || LogWriter(writer.clone()))
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = buffer.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    struct LogWriter(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for LogWriter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn an_offsetless_delivery_is_not_acknowledged_and_the_warning_names_the_topic() {
+        let what = "DLQ partition 0 offset 7 to orders partition 3";
+        let report = Ok(Ok(Delivery { partition: 3, offset: -1, timestamp: Timestamp::NotAvailable }));
+        let mut result = None;
+        let logged = warnings(|| result = Some(acknowledgement(report, "orders", what)));
+        let err = result.unwrap().unwrap_err().to_string();
+        assert!(err.starts_with(&format!("producing {what}: reported delivered without an offset")), "{err}");
+        assert!(logged.contains(r#"topic="orders""#), "{logged}");
+        assert!(!logged.contains("DLQ partition"), "the warning names the topic, not the description: {logged}");
+        let acked = Ok(Ok(Delivery { partition: 3, offset: 12, timestamp: Timestamp::NotAvailable }));
+        assert!(acknowledgement(acked, "orders", what).is_ok());
+    }
 }
