@@ -65,12 +65,12 @@ impl Filter {
     /// Whether the record meets every condition.
     pub fn matches(&self, record: &DlqRecord) -> bool {
         if let Some(key) = &self.key
-            && record.key.as_deref() != Some(key.as_bytes())
+            && record.record.key.as_deref() != Some(key.as_bytes())
         {
             return false;
         }
         let header_ok = |(name, value): &(String, String)| {
-            record.headers.iter().any(|h| h.name == *name && h.value.as_deref() == Some(value.as_bytes()))
+            record.record.headers.iter().any(|h| h.name == *name && h.value.as_deref() == Some(value.as_bytes()))
         };
         if !self.headers.iter().all(header_ok) {
             return false;
@@ -149,7 +149,8 @@ pub fn parse_time_arg(s: &str) -> Result<i64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use millrace::dlq::{DlqInfo, headers};
+    use millrace::OutputRecord;
+    use millrace::dlq::headers;
     use millrace::record::Headers;
 
     fn dlq_record(kind: &str, topic: &str, offset: i64, last_failure: i64, key: &str) -> DlqRecord {
@@ -164,31 +165,15 @@ mod tests {
         h.push(headers::ATTEMPTS, "1");
         h.push(headers::FIRST_FAILURE, last_failure.to_string());
         h.push(headers::LAST_FAILURE, last_failure.to_string());
-        let info = DlqInfo::from_headers(&h);
-        assert!(info.is_some());
-        DlqRecord {
-            partition: 0,
-            offset: 0,
-            timestamp: None,
-            key: Some(key.as_bytes().to_vec()),
-            value: None,
-            headers: h,
-            info,
-        }
+        let mut out = OutputRecord::to("orders.dlq").key(key);
+        out.headers = h;
+        let record = DlqRecord::written(out, 0, 0);
+        assert!(record.info.is_some());
+        record
     }
 
     fn plain_record(key: &str) -> DlqRecord {
-        let mut h = Headers::default();
-        h.push("tenant", "acme");
-        DlqRecord {
-            partition: 0,
-            offset: 0,
-            timestamp: None,
-            key: Some(key.into()),
-            value: None,
-            headers: h,
-            info: None,
-        }
+        DlqRecord::written(OutputRecord::to("orders.dlq").key(key).header("tenant", "acme"), 0, 0)
     }
 
     fn filter(f: Filter) -> Filter {

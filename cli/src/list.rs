@@ -15,14 +15,15 @@ const MAX_CELL: usize = 200;
 
 /// The record as a JSON object: DLQ coordinates, key, value, the Millrace information (`null`
 /// without Millrace headers) and the user headers.
-pub fn record_json(r: &DlqRecord) -> Value {
+pub fn record_json(dlq: &DlqRecord) -> Value {
+    let r = &dlq.record;
     let mut obj = serde_json::Map::new();
     obj.insert("partition".into(), json!(r.partition));
     obj.insert("offset".into(), json!(r.offset));
     obj.insert("timestamp".into(), json!(r.timestamp));
     bytes_json(&mut obj, "key", r.key.as_deref());
     bytes_json(&mut obj, "value", r.value.as_deref());
-    let millrace = r.info.as_ref().map(|i| {
+    let millrace = dlq.info.as_ref().map(|i| {
         json!({
             "original_topic": i.original_topic,
             "original_partition": i.original_partition,
@@ -46,7 +47,8 @@ pub fn record_json(r: &DlqRecord) -> Value {
 }
 
 /// The record as a block of text lines.
-pub fn record_block(r: &DlqRecord) -> String {
+pub fn record_block(dlq: &DlqRecord) -> String {
+    let r = &dlq.record;
     let mut out = String::new();
     let value_kind = match r.value.as_deref() {
         None => "null".to_owned(),
@@ -55,7 +57,7 @@ pub fn record_block(r: &DlqRecord) -> String {
     };
     let _ =
         writeln!(out, "DLQ partition {} offset {}  key {}", r.partition, r.offset, cell(r.key.as_deref(), MAX_CELL));
-    match &r.info {
+    match &dlq.info {
         Some(i) => {
             let ts = i.original_timestamp.map(|t| format!(" at {}", format_ms(t))).unwrap_or_default();
             let _ = writeln!(
@@ -147,17 +149,7 @@ mod tests {
             first_failure_ms: 0,
             last_failure_ms: 0,
         };
-        let out = dead_letter(&original, "orders.dlq", "billing", "Charge", &failure);
-        let info = millrace::dlq::DlqInfo::from_headers(&out.headers);
-        DlqRecord {
-            partition: 0,
-            offset: 9,
-            timestamp: None,
-            key: out.key,
-            value: out.value,
-            headers: out.headers,
-            info,
-        }
+        DlqRecord::written(dead_letter(&original, "orders.dlq", "billing", "Charge", &failure), 0, 9)
     }
 
     #[test]

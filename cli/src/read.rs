@@ -5,51 +5,52 @@
 //! through [`TopicScan::commit`]; without one, the scan starts at the beginning.
 
 use anyhow::{Context as _, Result, anyhow, bail};
+use millrace::Record;
 use millrace::dlq::DlqInfo;
-use millrace::record::Headers;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a metadata, watermark or committed-offsets request may take before the broker is
 /// reported unreachable.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// One record of a DLQ topic, copied out of the consumer, with its Millrace information parsed.
+/// One record of a DLQ topic, copied out of the consumer as the framework copies any record, with
+/// its Millrace information parsed by the framework.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DlqRecord {
-    /// Partition in the DLQ topic.
-    pub partition: i32,
-    /// Offset in the DLQ partition.
-    pub offset: i64,
-    /// The DLQ record's timestamp (ms), when the broker reports one.
-    pub timestamp: Option<i64>,
-    /// Key bytes (the original key).
-    pub key: Option<Vec<u8>>,
-    /// Value bytes (the original value).
-    pub value: Option<Vec<u8>>,
-    /// All headers: the original user headers and the `millrace.*` ones.
-    pub headers: Headers,
+    /// The DLQ record itself: its `topic`, `partition`, `offset` and `timestamp` are those in the
+    /// DLQ; key, value and headers are the original key and value bytes, the original user headers
+    /// and the `millrace.*` ones.
+    pub record: Record,
     /// What the Millrace headers say; `None` when the record has no (valid) Millrace headers.
     pub info: Option<DlqInfo>,
 }
 
 impl DlqRecord {
-    fn from_message(msg: &BorrowedMessage<'_>) -> Self {
-        let headers = Headers::of_message(msg);
-        DlqRecord {
-            partition: msg.partition(),
-            offset: msg.offset(),
-            timestamp: msg.timestamp().to_millis(),
-            key: msg.key().map(<[u8]>::to_vec),
-            value: msg.payload().map(<[u8]>::to_vec),
-            info: DlqInfo::from_headers(&headers),
-            headers,
-        }
+    /// A DLQ record, with its Millrace headers parsed.
+    pub fn new(record: Record) -> Self {
+        let info = DlqInfo::from_headers(&record.headers);
+        DlqRecord { record, info }
+    }
+
+    /// For tests: `out` (a DLQ record as [`millrace::dlq::dead_letter`] builds it) as read back
+    /// from `partition` and `offset` of its topic.
+    #[cfg(test)]
+    pub fn written(out: millrace::OutputRecord, partition: i32, offset: i64) -> Self {
+        DlqRecord::new(Record {
+            topic: out.topic.into(),
+            partition,
+            offset,
+            timestamp: None,
+            key: out.key,
+            value: out.value,
+            headers: out.headers,
+        })
     }
 }
 
@@ -97,7 +98,8 @@ pub fn unreachable_error(bootstrap: &str, e: KafkaError) -> anyhow::Error {
 /// A single pass over a topic up to the end offsets captured at open.
 pub struct TopicScan {
     consumer: StreamConsumer,
-    topic: String,
+    /// The topic read (shared by the records read).
+    topic: Arc<str>,
     bootstrap: String,
     /// Per partition: (start offset, end offset); records `start..end` are read.
     bounds: BTreeMap<i32, (i64, i64)>,
@@ -160,7 +162,7 @@ impl TopicScan {
         let remaining = bounds.iter().filter(|(_, (s, e))| s < e).map(|(p, _)| *p).collect();
         Ok(TopicScan {
             consumer,
-            topic: topic.to_owned(),
+            topic: topic.into(),
             bootstrap: bootstrap.to_owned(),
             bounds,
             remaining,
@@ -187,7 +189,7 @@ impl TopicScan {
                     let (p, offset) = (msg.partition(), msg.offset());
                     let end = self.bounds.get(&p).map_or(0, |b| b.1);
                     self.last_read.insert(p, offset);
-                    let record = (offset < end).then(|| DlqRecord::from_message(&msg));
+                    let record = (offset < end).then(|| DlqRecord::new(Record::from_message(&msg, self.topic.clone())));
                     drop(msg);
                     if offset >= end - 1 {
                         self.finish_partition(p);

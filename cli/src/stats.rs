@@ -79,8 +79,8 @@ impl DlqStats {
             original_topic: info.original_topic.clone(),
             original_partition: info.original_partition,
             original_offset: info.original_offset,
-            dlq_partition: record.partition,
-            dlq_offset: record.offset,
+            dlq_partition: record.record.partition,
+            dlq_offset: record.record.offset,
         };
         if self.oldest.as_ref().is_none_or(|o| info.last_failure_ms < o.failed_at_ms) {
             self.oldest = Some(point());
@@ -177,8 +177,9 @@ mod tests {
             h.push(headers::ORIGINAL_OFFSET, (offset + 100).to_string());
             h.push(headers::LAST_FAILURE, last_failure.to_string());
         }
-        let info = millrace::dlq::DlqInfo::from_headers(&h);
-        DlqRecord { partition: 0, offset, timestamp: None, key: None, value: None, headers: h, info }
+        let mut out = millrace::OutputRecord::to("orders.dlq");
+        out.headers = h;
+        DlqRecord::written(out, 0, offset)
     }
 
     #[test]

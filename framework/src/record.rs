@@ -88,8 +88,10 @@ pub struct Record {
 }
 
 impl Record {
-    /// Copies a polled message out of the consumer's buffers.
-    pub(crate) fn from_message(msg: &BorrowedMessage<'_>, topic: Arc<str>) -> Self {
+    /// Copies a polled message out of the consumer's buffers: partition, offset, timestamp, key,
+    /// value and headers. `topic` is taken rather than read from the message so that the records of
+    /// one partition can share one allocation of the name (`millrace dlq` reads with it too).
+    pub fn from_message(msg: &BorrowedMessage<'_>, topic: Arc<str>) -> Self {
         let headers = Headers::of_message(msg);
         Record {
             topic,
