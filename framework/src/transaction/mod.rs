@@ -41,14 +41,13 @@ use crate::config::ExactlyOnce;
 use crate::dedup_runtime::Dedup;
 use crate::error::Error;
 use crate::kafka::errors::{TxnCall, is_outage, txn_call};
-use crate::kafka::txn_producer::{FENCE_WINDOW, FENCES_TOLERATED, TxnClient, TxnProducer};
+use crate::kafka::txn_producer::{TxnClient, TxnProducer};
 use crate::partition::PartitionHandle;
 use crate::rejected::{Produced, Source};
 use crate::retry::Backoff;
 use crate::stats::Stats;
 use crate::telemetry::Telemetry;
 use crate::telemetry::events::{InjectedAbort, TransactionAborting, TransactionCommitted};
-use crate::telemetry::health_events::{FencedRecovering, ProducerReplaced, ProducerReplacing, TransactionsStopped};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer as _;
@@ -57,6 +56,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+
+mod recovery;
 
 /// How one transaction step ended.
 #[derive(Debug)]
@@ -168,74 +169,6 @@ impl Transactions {
     /// The error that stopped this instance's transactions, if any.
     pub(crate) fn take_fatal(&self) -> Option<Error> {
         lock(&self.fatal).take()
-    }
-
-    /// Whether the producer must be replaced ([`reset`](Self::reset)) before anything else commits.
-    pub(crate) fn needs_reset(&self) -> bool {
-        lock(&self.reset_cause).is_some()
-    }
-
-    /// Replaces the producer by a fresh one with the same transactional id and initialises it
-    /// (retrying while the brokers are away, until `stop`); the open transaction is forgotten. The
-    /// caller then rewinds every owned partition to the group coordinator's offsets. `Ok(false)`
-    /// when `stop` came first.
-    pub(crate) fn reset(&self, stop: &CancellationToken) -> Result<bool, KafkaError> {
-        let cause = lock(&self.reset_cause).take();
-        // The reason was logged at warn where the reset was decided.
-        ProducerReplacing { cause: cause.as_ref().map(|c| c as &dyn std::fmt::Display) }.emit(&self.telemetry);
-        *self.open() = OpenTxn::default();
-        lock(&self.rewind_later).clear(); // every partition is rewound
-        self.client.replace()?;
-        match self.client.init(stop) {
-            Ok(()) => {
-                ProducerReplaced.emit(&self.telemetry);
-                Ok(true)
-            }
-            Err(_) if stop.is_cancelled() => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// A call failed in a way no retry or abort mends. After a broker outage, or on a fence, the
-    /// producer is replaced ([`TxnOutcome::Reset`]); any other fatal error, or a fence that is one
-    /// too many within [`FENCE_WINDOW`] (another live instance takes the transactional id back and
-    /// forth), stops this instance ([`TxnOutcome::Fatal`]).
-    fn unusable(&self, e: KafkaError) -> TxnOutcome {
-        if self.client.saw_outage() {
-            tracing::warn!(pipeline = %self.name, error = %e, "transactional producer unusable after a broker outage");
-            lock(&self.reset_cause).get_or_insert(e);
-            return TxnOutcome::Reset;
-        }
-        let transactional_id = self.client.transactional_id();
-        if self.client.is_fenced(&e) {
-            if self.needs_reset() {
-                return TxnOutcome::Reset; // the same fence, seen by another call before the reset
-            }
-            let fences = self.client.note_fence();
-            if fences <= FENCES_TOLERATED {
-                FencedRecovering { transactional_id, fences_in_window: fences, error: &e }.emit(&self.telemetry);
-                lock(&self.reset_cause).get_or_insert(e);
-                return TxnOutcome::Reset;
-            }
-            let conflict = Error::TransactionalIdConflict {
-                transactional_id: transactional_id.to_owned(),
-                fences,
-                within: FENCE_WINDOW,
-            };
-            TransactionsStopped { error: &conflict, cause: &e }.emit(&self.telemetry);
-            lock(&self.fatal).get_or_insert(conflict);
-            return TxnOutcome::Fatal;
-        }
-        TransactionsStopped { error: &"fatal transaction error", cause: &e }.emit(&self.telemetry);
-        lock(&self.fatal).get_or_insert(Error::Transaction(e));
-        TxnOutcome::Fatal
-    }
-
-    /// Asks for a reset whatever the cause (the open transaction's fate is unknown).
-    fn uncertain(&self, e: KafkaError) -> TxnOutcome {
-        tracing::warn!(pipeline = %self.name, error = %e, "the open transaction's outcome is unknown");
-        lock(&self.reset_cause).get_or_insert(e);
-        TxnOutcome::Reset
     }
 
     fn open(&self) -> std::sync::MutexGuard<'_, OpenTxn> {
