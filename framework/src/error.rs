@@ -253,7 +253,7 @@ pub enum Error {
     Kafka(#[from] rdkafka::error::KafkaError),
     /// The dedup store could not be opened.
     #[error(transparent)]
-    Dedup(#[from] crate::dedup_store::DedupError),
+    Dedup(#[from] crate::dedup::store::DedupError),
     /// Exactly-once mode stopped on a fatal transaction error (the producer failed for good, e.g.
     /// the transactional id is not authorized, or a partition could not be rewound). A fence alone
     /// is not one: the producer is replaced and the uncommitted work redone (see

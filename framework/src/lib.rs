@@ -32,7 +32,7 @@
 //!   settings, its logs and errors, producing an output and awaiting its acknowledgement, the
 //!   transactional producer (replaced when a fence or a broker outage leaves it unusable), and the
 //!   topics the pipeline creates on its own (DLQ, dedup changelog).
-//! - [`dedup`], [`dedup_store`], `dedup_runtime` and `dedup_changelog` (internal): idempotency keys,
+//! - [`dedup`] with [`dedup::store`], `dedup::runtime` and `dedup::changelog` (internal): idempotency keys,
 //!   the RocksDB store, its run-time state, and its changelog topic (written, and restored on
 //!   assignment).
 //! - `telemetry` (internal): every happening as a typed event that logs, counts and records a
@@ -79,9 +79,6 @@ mod commit;
 pub mod config;
 pub mod context;
 pub mod dedup;
-mod dedup_changelog;
-mod dedup_runtime;
-pub mod dedup_store;
 pub mod dlq;
 pub mod envelope;
 pub mod error;

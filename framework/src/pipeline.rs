@@ -20,7 +20,7 @@ use crate::cluster::{self, TopicWatch};
 use crate::commit::Committer;
 use crate::config::PipelineConfig;
 use crate::context::RuntimeHandles;
-use crate::dedup_runtime::Dedup;
+use crate::dedup::runtime::Dedup;
 use crate::error::{ConfigError, Error};
 use crate::kafka::config::{
     admin_config, client_creation, consumer_config, max_message_bytes, producer_config, transactional_producer_config,

@@ -4,7 +4,7 @@
 use crate::breaker::Breaker;
 use crate::config::PipelineConfig;
 use crate::context::RuntimeHandles;
-use crate::dedup_runtime::Dedup;
+use crate::dedup::runtime::Dedup;
 use crate::kafka::log::KafkaLog;
 use crate::rejected::Rejections;
 use crate::telemetry::Telemetry;

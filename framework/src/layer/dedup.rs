@@ -1,13 +1,13 @@
 //! Layer 3, with the dedup store on: never two records with the same idempotency key at once; a
 //! key already processed is skipped; after the effect the key is recorded (at-least-once: changelog
 //! first, then the local store, before the offset completes; exactly-once: when the record's
-//! transaction commits). The store and the changelog are [`crate::dedup_store`]'s and
-//! [`crate::dedup_changelog`]'s.
+//! transaction commits). The store and the changelog are [`crate::dedup::store`]'s and
+//! [`crate::dedup::changelog`]'s.
 
 use super::Outcome;
 use crate::dedup::KeyGuard;
-use crate::dedup_changelog;
-use crate::dedup_runtime::Dedup;
+use crate::dedup::changelog;
+use crate::dedup::runtime::Dedup;
 use crate::pending::PendingOutputs;
 use crate::processor::Processor;
 use crate::record::Record;
@@ -82,12 +82,10 @@ impl Held<'_> {
     ) -> (Outcome, Option<Vec<u8>>) {
         match outcome {
             Outcome::Done(outputs) if shared.handles.transactional => (Outcome::Done(outputs), Some(self.key)),
-            Outcome::Done(outputs) => {
-                match dedup_changelog::record(shared, self.dedup, record, &self.key, cancel).await {
-                    true => (Outcome::Done(outputs), None),
-                    false => (Outcome::Abandoned, None),
-                }
-            }
+            Outcome::Done(outputs) => match changelog::record(shared, self.dedup, record, &self.key, cancel).await {
+                true => (Outcome::Done(outputs), None),
+                false => (Outcome::Abandoned, None),
+            },
             outcome => (outcome, None),
         }
     }

@@ -3,7 +3,7 @@
 
 use super::{Command, LaneId, PartitionHandle};
 use crate::config::ProcessingOrder;
-use crate::dedup_changelog;
+use crate::dedup::changelog;
 use crate::layer::{self, Outcome, Processed};
 use crate::offsets::OffsetTracker;
 use crate::pending;
@@ -124,7 +124,7 @@ impl<P: Processor> PartitionTask<P> {
 
     async fn run(mut self, mut rx: UnboundedReceiver<Command>) {
         // A partition that moved here may bring dedup keys this instance has never seen.
-        dedup_changelog::restore(&self.shared, &self.handle.topic, self.handle.partition).await;
+        changelog::restore(&self.shared, &self.handle.topic, self.handle.partition).await;
         let mut running = Running::new();
         loop {
             if let Some(stop) = &mut self.stopping {

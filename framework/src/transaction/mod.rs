@@ -38,7 +38,7 @@
 //! Dedup keys reach the local store only after their transaction committed.
 
 use crate::config::ExactlyOnce;
-use crate::dedup_runtime::Dedup;
+use crate::dedup::runtime::Dedup;
 use crate::error::Error;
 use crate::kafka::errors::{TxnCall, is_outage, txn_call};
 use crate::kafka::txn_producer::{TxnClient, TxnProducer};

@@ -45,7 +45,7 @@ pub enum DedupError {
 /// Processed idempotency keys, by topic-partition.
 ///
 /// ```
-/// use millrace::dedup_store::DedupStore;
+/// use millrace::dedup::store::DedupStore;
 /// use std::time::Duration;
 ///
 /// let dir = std::env::temp_dir().join(format!("millrace-doc-{}", std::process::id()));
@@ -139,7 +139,7 @@ impl DedupStore {
     /// `sync_writes`) for all of them, e.g. every key of a committed transaction.
     ///
     /// ```
-    /// use millrace::dedup_store::DedupStore;
+    /// use millrace::dedup::store::DedupStore;
     /// use std::time::Duration;
     ///
     /// let dir = std::env::temp_dir().join(format!("millrace-doc-batch-{}", std::process::id()));

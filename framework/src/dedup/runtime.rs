@@ -1,9 +1,9 @@
 //! The dedup store's run-time state, shared by the pipeline's tasks: the configuration, the local
 //! store, the keys in flight, and how far each partition's changelog is applied locally. Writing
-//! and restoring the changelog is [`crate::dedup_changelog`]'s.
+//! and restoring the changelog is [`crate::dedup::changelog`]'s.
 
+use crate::dedup::store::DedupStore;
 use crate::dedup::{DedupConfig, InFlightKeys, changelog_topic};
-use crate::dedup_store::DedupStore;
 use crate::record::OutputRecord;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -79,7 +79,7 @@ impl Dedup {
     pub(crate) fn record_committed<'k, K>(
         &self,
         partitions: impl IntoIterator<Item = (&'k str, i32, K)>,
-    ) -> Result<(), crate::dedup_store::DedupError>
+    ) -> Result<(), crate::dedup::store::DedupError>
     where
         K: IntoIterator<Item = (&'k [u8], i64)>,
     {
@@ -93,7 +93,7 @@ impl Dedup {
         batch.write()
     }
 
-    pub(crate) fn open(config: DedupConfig, group: &str) -> Result<Self, crate::dedup_store::DedupError> {
+    pub(crate) fn open(config: DedupConfig, group: &str) -> Result<Self, crate::dedup::store::DedupError> {
         let store = DedupStore::open(&config.dir, config.ttl, config.sync_writes)?;
         Ok(Self {
             changelog: changelog_topic(group),

@@ -3,7 +3,7 @@
 //! and a partition's keys are restored from it when the partition is assigned, so that a partition
 //! moving to an instance with an empty disk still rejects duplicates.
 
-use crate::dedup_runtime::{Dedup, SOURCE_TOPIC_HEADER};
+use crate::dedup::runtime::{Dedup, SOURCE_TOPIC_HEADER};
 use crate::kafka::config::restore_consumer_config;
 use crate::kafka::produce::{acknowledged, enqueue};
 use crate::kafka::topic;

@@ -13,6 +13,10 @@
 //! stable across attempts, redeliveries and DLQ replays, so a downstream that accepts an idempotency
 //! key absorbs that repeat.
 
+pub(crate) mod changelog;
+pub(crate) mod runtime;
+pub mod store;
+
 use crate::record::Record;
 use std::collections::HashMap;
 use std::fmt;
@@ -49,7 +53,7 @@ pub struct DedupConfig {
     /// window, or a late replay would run the effect again.
     pub ttl: Duration,
     /// fsync every write (default false: the WAL is written but not fsynced; see
-    /// [`dedup_store`](crate::dedup_store)).
+    /// [`dedup::store`](crate::dedup::store)).
     pub sync_writes: bool,
     /// Also write every key to the compacted changelog topic `<group>.dedup-changelog`, and restore
     /// a partition's keys from it on assignment (default true).
