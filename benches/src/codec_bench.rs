@@ -11,9 +11,9 @@
 
 use anyhow::Result;
 use clap::Args;
-use millrace::avro::Avro;
+use millrace::codec::avro::Avro;
+use millrace::codec::schema_registry::{SchemaRegistry, SchemaRegistryConfig, URL_ENV};
 use millrace::codec::{Decode, Encode, Json};
-use millrace::schema_registry::{SchemaRegistry, SchemaRegistryConfig, URL_ENV};
 use millrace_registry_double::RegistryDouble;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};

@@ -202,7 +202,7 @@ pub fn dead_letter(record: &Record, dlq_topic: &str, group: &str, processor: &st
     add(headers::LAST_FAILURE, failure.last_failure_ms.to_string());
     add(headers::REPLAY_COUNT, replay_count(&record.headers).to_string());
     if failure.kind == DlqErrorKind::Decode
-        && let Some(id) = record.value.as_deref().and_then(crate::schema_registry::wire::schema_id)
+        && let Some(id) = record.value.as_deref().and_then(crate::codec::schema_registry::wire::schema_id)
     {
         add(headers::SCHEMA_ID, id.to_string());
     }

@@ -42,7 +42,7 @@
 //!   per attempt (target `millrace::record`, debug level).
 //! - [`config`], [`error`], [`record`], [`stats`], [`shutdown`], `clock`: the supporting pieces.
 //! - [`typed`] and [`codec`]: typed processors decode the value before the processor sees it;
-//!   [`avro`] with a [`schema_registry`] is the codec for Avro in the Confluent wire format.
+//!   [`codec::avro`] with a [`codec::schema_registry`] is the codec for Avro in the Confluent wire format.
 //!
 //! ## Guarantees
 //! At-least-once with commit-after-effect (I1, I2), per-key order (I3), bounded memory (I4) and
@@ -70,7 +70,6 @@
 //! ```
 
 mod assignments;
-pub mod avro;
 mod breaker;
 mod clock;
 mod cluster;
@@ -97,7 +96,6 @@ mod rebalance;
 pub mod record;
 mod rejected;
 pub mod retry;
-pub mod schema_registry;
 mod shared;
 pub mod shutdown;
 pub mod stats;

@@ -8,10 +8,10 @@
 //! outage, cache and auth tests need to control or count the registry, so they always use the double.
 
 use anyhow::Result;
-use millrace::avro::{Avro, SubjectStrategy};
+use millrace::codec::avro::{Avro, SubjectStrategy};
+use millrace::codec::schema_registry::{SchemaRegistry, SchemaRegistryConfig, URL_ENV, wire};
 use millrace::codec::{CodecError, Decode, Encode};
 use millrace::dlq::{self, DlqErrorKind, DlqInfo};
-use millrace::schema_registry::{SchemaRegistry, SchemaRegistryConfig, URL_ENV, wire};
 use millrace::typed::{EmitEncoded, Typed, TypedProcessor};
 use millrace::{Context, Pipeline, PipelineConfig, ProcessError, ProcessingOrder, Record, RetryPolicy};
 use millrace_integration_tests::*;

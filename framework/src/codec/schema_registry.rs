@@ -7,7 +7,7 @@
 //! use an in-process double (`docs/schema-registry.md` says why).
 //!
 //! ```
-//! use millrace::schema_registry::{SchemaRegistry, SchemaRegistryConfig};
+//! use millrace::codec::schema_registry::{SchemaRegistry, SchemaRegistryConfig};
 //!
 //! let config = SchemaRegistryConfig::new("https://registry.example.com").basic_auth("api-key", "secret");
 //! let registry = SchemaRegistry::new(config).unwrap();
@@ -203,7 +203,7 @@ pub mod wire {
     /// Splits a value into its schema id and body.
     ///
     /// ```
-    /// use millrace::schema_registry::wire;
+    /// use millrace::codec::schema_registry::wire;
     /// assert_eq!(wire::split(&[0, 0, 0, 1, 2, 42]).unwrap(), (258, &[42u8][..]));
     /// assert!(wire::split(&[1, 0, 0, 1, 2, 42]).is_err()); // wrong magic byte
     /// assert!(wire::split(&[0, 0, 0]).is_err()); // too short

@@ -4,7 +4,7 @@
 //! transient failure.
 //!
 //! The traits are async because a codec may have to ask a schema registry for a schema (see
-//! [`avro`](crate::avro)); the codecs here ([`Raw`], [`Utf8`], [`Json`]) never wait.
+//! [`avro`]); the codecs here ([`Raw`], [`Utf8`], [`Json`]) never wait.
 //!
 //! ```
 //! use millrace::codec::{Decode, Encode, Json};
@@ -20,6 +20,9 @@
 //! assert!(Decode::<Order>::decode(&Json, None).await.is_err()); // a tombstone has no order in it
 //! # });
 //! ```
+
+pub mod avro;
+pub mod schema_registry;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;

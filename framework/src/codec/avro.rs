@@ -1,5 +1,5 @@
 //! Avro values in the Confluent wire format, with their schemas in a
-//! [schema registry](crate::schema_registry).
+//! [schema registry](crate::codec::schema_registry).
 //!
 //! Decoding reads the schema id from the value, fetches that *writer* schema from the registry
 //! (once per id, then cached) and resolves the body against the codec's own *reader* schema, the
@@ -19,8 +19,8 @@
 //! transient — the record is retried with the pipeline's retry policy.
 //!
 //! ```no_run
-//! use millrace::avro::{Avro, SubjectStrategy};
-//! use millrace::schema_registry::{SchemaRegistry, SchemaRegistryConfig};
+//! use millrace::codec::avro::{Avro, SubjectStrategy};
+//! use millrace::codec::schema_registry::{SchemaRegistry, SchemaRegistryConfig};
 //! use millrace::typed::{EmitEncoded, Typed, TypedProcessor};
 //! use millrace::{Context, Pipeline, PipelineConfig, ProcessError, Record};
 //! use serde::{Deserialize, Serialize};
@@ -53,9 +53,9 @@
 //! # Ok(()) }
 //! ```
 
+use crate::codec::schema_registry::{SchemaRegistry, wire};
 use crate::codec::{CodecError, Decode, Encode};
 use crate::error::ConfigError;
-use crate::schema_registry::{SchemaRegistry, wire};
 use apache_avro::Schema;
 use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::types::Value;
@@ -150,7 +150,7 @@ impl Avro {
     /// The subject a value for `topic` is registered under.
     ///
     /// ```
-    /// # use millrace::{avro::*, schema_registry::*};
+    /// # use millrace::codec::{avro::*, schema_registry::*};
     /// let registry = SchemaRegistry::new(SchemaRegistryConfig::new("http://127.0.0.1:8081")).unwrap();
     /// let order = r#"{"type": "record", "name": "Order", "namespace": "shop", "fields": []}"#;
     /// let codec = Avro::new(&registry, order).unwrap();
@@ -274,7 +274,7 @@ impl Readers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schema_registry::SchemaRegistryConfig;
+    use crate::codec::schema_registry::SchemaRegistryConfig;
 
     #[test]
     fn bad_schemas_and_strategies_are_rejected_at_start_up() {
