@@ -13,12 +13,13 @@
 //!   `layer/mod.rs`: circuit breaker, rejected outputs (exactly-once), dedup, the attempt loop
 //!   around the [`Processor`] under the [`retry`] policy, and the DLQ.
 //! - [`context`]: what the processor sees; emitted outputs must be acknowledged before completion.
-//! - [`offsets`]: the completed prefix of each partition, which is what gets committed.
+//! - [`state`]: what a partition's commit rests on: [`state::offsets`], the completed prefix of
+//!   each partition (what gets committed); `state::pending` and `state::assignments` (internal).
 //! - `commit` (internal): the one owner of every commit (periodic, revoke, shutdown, lost
 //!   partitions), as plain offsets (at-least-once) or transactions (exactly-once), chosen once.
 //! - `rebalance` (internal): assign, revoke (drain, commit, release) and lost partitions;
-//!   `assignments` (internal): the partitions owned now.
-//! - `pending` and `transaction` (internal): exactly-once mode; completed records' outputs wait by
+//!   `state::assignments`: the partitions owned now.
+//! - `state::pending` and `transaction` (internal): exactly-once mode; completed records' outputs wait by
 //!   offset and commit with the input offsets in one Kafka transaction per commit interval.
 //! - `rejected` (internal): exactly-once mode; a record whose output the broker rejects (unknown
 //!   topic, too large, not authorised) runs again with its outputs alone, then goes to the DLQ in
@@ -69,7 +70,6 @@
 //! }
 //! ```
 
-mod assignments;
 mod breaker;
 mod clock;
 mod cluster;
@@ -86,9 +86,7 @@ pub mod guarantees {
 }
 mod kafka;
 mod layer;
-pub mod offsets;
 mod partition;
-mod pending;
 pub mod pipeline;
 mod poll;
 pub mod processor;
@@ -98,6 +96,7 @@ mod rejected;
 pub mod retry;
 mod shared;
 pub mod shutdown;
+pub mod state;
 pub mod stats;
 mod telemetry;
 pub mod trace;

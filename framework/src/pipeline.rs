@@ -14,7 +14,6 @@
 //! such poll); when one partition reaches its own bound that partition is paused until it drains to
 //! half.
 
-use crate::assignments::{Assignments, Starter};
 use crate::breaker::Breaker;
 use crate::cluster::{self, TopicWatch};
 use crate::commit::Committer;
@@ -34,6 +33,7 @@ use crate::processor::Processor;
 use crate::rebalance::Hooks;
 use crate::rejected::Rejections;
 use crate::shared::{PollerWake, Shared};
+use crate::state::assignments::{Assignments, Starter};
 use crate::stats::Stats;
 use crate::telemetry::Telemetry;
 use crate::transaction::Transactions;

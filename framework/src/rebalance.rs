@@ -9,12 +9,12 @@
 //! Exactly-once: [`Hooks::rewind`] replaces a partition's task after an aborted transaction and
 //! seeks the consumer back to the last committed offset.
 
-use crate::assignments::{Assignments, Starter};
 use crate::breaker::Breaker;
 use crate::commit::Committer;
 use crate::kafka::log::KafkaLog;
 use crate::partition::PartitionHandle;
 use crate::retry::Backoff;
+use crate::state::assignments::{Assignments, Starter};
 use crate::stats::Stats;
 use crate::telemetry::Telemetry;
 use crate::telemetry::events::{AsyncCommitFailed, PartitionsAssigned, PartitionsRevoked};

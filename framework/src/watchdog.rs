@@ -27,7 +27,7 @@
 //! [`StatsSnapshot::cluster_unreachable`](crate::StatsSnapshot::cluster_unreachable) and logged once
 //! at error level when it lasts `stall_timeout`.
 
-use crate::assignments::Assignments;
+use crate::state::assignments::Assignments;
 use crate::telemetry::Telemetry;
 use crate::telemetry::health_events::{ClusterReach, PartitionStalled, Stall, StallCleared};
 use rdkafka::statistics::{Partition, Statistics};

@@ -8,10 +8,10 @@ use super::Outcome;
 use crate::dedup::KeyGuard;
 use crate::dedup::changelog;
 use crate::dedup::runtime::Dedup;
-use crate::pending::PendingOutputs;
 use crate::processor::Processor;
 use crate::record::Record;
 use crate::shared::Shared;
+use crate::state::pending::PendingOutputs;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 

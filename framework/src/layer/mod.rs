@@ -20,10 +20,10 @@ pub(crate) mod rejected;
 pub(crate) mod retry;
 
 use crate::dlq::Failure;
-use crate::pending::PendingOutputs;
 use crate::processor::Processor;
 use crate::record::{OutputRecord, Record};
 use crate::shared::Shared;
+use crate::state::pending::PendingOutputs;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 

@@ -3,8 +3,8 @@
 //! idle position, and (exactly-once) the completed records' pending outputs, for one epoch.
 
 use super::Command;
-use crate::pending::PendingOutputs;
 use crate::record::Record;
+use crate::state::pending::PendingOutputs;
 use crate::stats::Stats;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed};

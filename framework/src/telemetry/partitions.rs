@@ -4,7 +4,7 @@
 
 use super::Telemetry;
 use super::instruments::{COMMITTED_LAG, LAG, OLDEST};
-use crate::assignments::Assignments;
+use crate::state::assignments::Assignments;
 use metrics::Gauge;
 use rdkafka::statistics::Statistics;
 use std::collections::HashMap;

@@ -3,7 +3,7 @@
 //! Records complete out of order (different keys run concurrently), so their outputs cannot be
 //! produced when they are emitted: a transaction committing then could carry the output of a record
 //! whose offset it does not commit (a crash would then repeat that output). Instead each completed
-//! record's outputs wait in its partition's [`PendingOutputs`](crate::pending::PendingOutputs), by
+//! record's outputs wait in its partition's [`PendingOutputs`](crate::state::pending::PendingOutputs), by
 //! offset. The poll thread moves them into the open transaction every few milliseconds
 //! ([`Transactions::pump`]) and commits it every `commit_interval` ([`Transactions::commit`]):
 //!

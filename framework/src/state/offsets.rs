@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 /// Tracks polled-but-unfinished offsets of one partition and yields the committable offset.
 ///
 /// ```
-/// use millrace::offsets::OffsetTracker;
+/// use millrace::state::offsets::OffsetTracker;
 ///
 /// let mut t = OffsetTracker::new();
 /// for o in 10..13 {

@@ -1,0 +1,8 @@
+//! The state a partition's commits rest on, each piece with one owner: the completed prefix of
+//! offsets ([`offsets`], owned by the partition task), exactly-once mode's outputs waiting by offset
+//! for their transaction (`pending`, owned by the partition's handle), and the partitions this
+//! member owns now (`assignments`, owned by the rebalance hooks).
+
+pub(crate) mod assignments;
+pub mod offsets;
+pub(crate) mod pending;
