@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 const NOT_READY_RETRY: Duration = Duration::from_secs(30);
 
 /// The group's committed offset per partition of `topic` (partitions without a commit are absent).
-/// A group coordinator that is still loading or moving (a fresh broker, or one just restarted) is
-/// asked again for up to 30 s.
+/// A group coordinator that is still loading or moving (a fresh broker, or one just restarted), or a
+/// request that timed out or found no broker up (right after a restart the first connection can
+/// take longer than the request's 10 s), is asked again for up to 30 s: such an answer says nothing
+/// about the offsets.
 pub fn committed_offsets(group: &str, topic: &str, partitions: i32) -> Result<BTreeMap<i32, i64>> {
     let consumer = plain_consumer(&bootstrap(), Some(group))?;
     let mut tpl = TopicPartitionList::new();
@@ -23,9 +25,15 @@ pub fn committed_offsets(group: &str, topic: &str, partitions: i32) -> Result<BT
     let deadline = Instant::now() + NOT_READY_RETRY;
     let committed = loop {
         match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
-            Err(KafkaError::MetadataFetch(NotCoordinator | CoordinatorLoadInProgress | CoordinatorNotAvailable))
-                if Instant::now() < deadline =>
-            {
+            Err(KafkaError::MetadataFetch(
+                NotCoordinator
+                | CoordinatorLoadInProgress
+                | CoordinatorNotAvailable
+                | OperationTimedOut
+                | RequestTimedOut
+                | BrokerTransportFailure
+                | AllBrokersDown,
+            )) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(100));
             }
             other => break other?,
