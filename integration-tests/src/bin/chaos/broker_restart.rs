@@ -82,6 +82,9 @@ pub async fn run(env: Env) -> Result<Outcome> {
     }
     let finish = env.profile.finish_timeout;
     let all = check::wait_all_committed(&group, &input, 2, finish, || slot.supervise()).await?;
+    if !all {
+        println!("  {}", slot.dump_stacks());
+    }
     let clean = slot.terminate(Duration::from_secs(30)).await?;
     outcome.faults.broker_restarts = plan.len();
     outcome.faults.kills = slot.kills;

@@ -240,6 +240,28 @@ impl Slot {
         }
     }
 
+    /// For the record of a stall: the current incarnation's threads' stacks (`gdb -batch`), written
+    /// to `<name>-<n>.stacks` in the run directory; a line saying why when gdb is missing or fails.
+    pub fn dump_stacks(&mut self) -> String {
+        let dir = self.spec.dir.clone();
+        let name = self.spec.name.clone();
+        let n = self.incarnations.len().saturating_sub(1);
+        let Some(inc) = self.running() else { return "no incarnation running: no stacks".into() };
+        let pid = inc.child.id().to_string();
+        let path = dir.join(format!("{name}-{n}.stacks"));
+        let out = Command::new("gdb")
+            .args(["-p", &pid, "-batch", "-ex", "set pagination off", "-ex", "thread apply all bt"])
+            .stdin(Stdio::null())
+            .output();
+        match out {
+            Ok(o) => match std::fs::write(&path, &o.stdout) {
+                Ok(()) => format!("stacks of {name} incarnation {n} (pid {pid}) in {}", path.display()),
+                Err(e) => format!("writing {}: {e}", path.display()),
+            },
+            Err(e) => format!("no stacks of the stuck worker (gdb: {e})"),
+        }
+    }
+
     /// Every journal entry of every incarnation, with the incarnation's index.
     pub fn journals(&self) -> Result<Vec<(usize, JournalEntry)>> {
         let mut out = Vec::new();
