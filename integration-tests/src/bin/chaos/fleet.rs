@@ -253,13 +253,16 @@ impl Slot {
             .args(["-p", &pid, "-batch", "-ex", "set pagination off", "-ex", "thread apply all bt"])
             .stdin(Stdio::null())
             .output();
-        match out {
-            Ok(o) => match std::fs::write(&path, &o.stdout) {
-                Ok(()) => format!("stacks of {name} incarnation {n} (pid {pid}) in {}", path.display()),
-                Err(e) => format!("writing {}: {e}", path.display()),
-            },
-            Err(e) => format!("no stacks of the stuck worker (gdb: {e})"),
+        let o = match out {
+            Ok(o) => o,
+            Err(e) => return format!("no stacks of the stuck worker (gdb: {e})"),
+        };
+        // gdb's complaints (no ptrace permission, the process gone) go in the file too.
+        if let Err(e) = std::fs::write(&path, [&o.stdout[..], &o.stderr[..]].concat()) {
+            return format!("writing {}: {e}", path.display());
         }
+        let how = if o.status.success() { "stacks" } else { "gdb failed (see its output); stacks" };
+        format!("{how} of {name} incarnation {n} (pid {pid}) in {}", path.display())
     }
 
     /// Every journal entry of every incarnation, with the incarnation's index.
