@@ -88,7 +88,7 @@ async fn broker_restart_mid_stream_is_survived_without_loss() -> Result<()> {
     tokio::time::timeout(Duration::from_secs(120), count.wait_for(|n| *n >= N)).await??;
     let resumed_in = back_at.elapsed();
     let ends = end_offsets(&topic, 2)?;
-    eventually("the group to commit everything", Duration::from_secs(60), || {
+    eventually_despite_errors("the group to commit everything", Duration::from_secs(60), || {
         Ok((committed_offsets(&group, &topic, 2)? == ends).then_some(()))
     })
     .await?;
@@ -168,7 +168,7 @@ async fn exactly_once_rides_out_an_outage_longer_than_the_transaction_timeout() 
     }
     let back_at = Instant::now();
     let ends = end_offsets(&input, 2)?;
-    eventually("the group to commit every input", Duration::from_secs(120), || {
+    eventually_despite_errors("the group to commit every input", Duration::from_secs(120), || {
         Ok((committed_offsets(&group, &input, 2)? == ends).then_some(()))
     })
     .await?;

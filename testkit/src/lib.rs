@@ -53,6 +53,33 @@ pub async fn eventually<T>(what: &str, timeout: Duration, mut check: impl FnMut(
     }
 }
 
+/// Like [`eventually`], but a failed check counts as "not yet" (the last error is reported if the
+/// timeout runs out): for reads that race a broker just restarted, whose group coordinator may
+/// not answer for a while (e.g. committed offsets, which wait for pending transactional offsets to
+/// settle), where the read failing says nothing about what is being waited for.
+pub async fn eventually_despite_errors<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    let mut last_error = None;
+    loop {
+        match check() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_error = Some(e),
+        }
+        if Instant::now() > deadline {
+            match last_error {
+                Some(e) => bail!("timed out after {timeout:?} waiting for {what}; the last check failed: {e:#}"),
+                None => bail!("timed out after {timeout:?} waiting for {what}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A consumer of `bootstrap` without auto-commit, in `group` if given (for metadata, watermarks,
 /// committed offsets, or an assigned reader).
 fn plain_consumer(bootstrap: &str, group: Option<&str>) -> Result<BaseConsumer> {
