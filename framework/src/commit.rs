@@ -15,7 +15,6 @@
 //!   for the poll thread to rewind.
 
 use crate::partition::PartitionHandle;
-use crate::stats::Stats;
 use crate::telemetry::Telemetry;
 use crate::telemetry::events::CommitEnded;
 use crate::transaction::{Transactions, TxnOutcome};
@@ -107,7 +106,7 @@ impl Committer {
                     tracing::warn!(pipeline = %telemetry.name, "transaction of released partitions aborted; their uncommitted work will be redone");
                     txn.defer_rewind(carried);
                 }
-                discard_pending(handles, &telemetry.stats);
+                discard_pending(handles);
             }
             Self::Offsets(_) => {
                 let mut tpl = TopicPartitionList::new();
@@ -124,19 +123,19 @@ impl Committer {
     /// Partitions lost (session expired: another member owns them): nothing of theirs is
     /// committed. Exactly-once: an open transaction holding their outputs aborts, and the
     /// partitions still owned that were in it are left for the poll thread to rewind.
-    pub(crate) fn lost(&self, handles: &[Arc<PartitionHandle>], stats: &Stats) {
+    pub(crate) fn lost(&self, handles: &[Arc<PartitionHandle>]) {
         if let Self::Transactions(txn) = self {
             if let TxnOutcome::Aborted(carried) = txn.drop_partitions(handles) {
                 txn.defer_rewind(carried);
             }
-            discard_pending(handles, stats);
+            discard_pending(handles);
         }
     }
 
     /// Stopping on an error: nothing more is committed; exactly-once drops the pending outputs.
-    pub(crate) fn abandon(&self, handles: &[Arc<PartitionHandle>], stats: &Stats) {
+    pub(crate) fn abandon(&self, handles: &[Arc<PartitionHandle>]) {
         if self.transactions().is_some() {
-            discard_pending(handles, stats);
+            discard_pending(handles);
         }
     }
 
@@ -149,9 +148,9 @@ impl Committer {
 }
 
 /// Drops the pending outputs of partitions given up (exactly-once).
-fn discard_pending(handles: &[Arc<PartitionHandle>], stats: &Stats) {
+fn discard_pending(handles: &[Arc<PartitionHandle>]) {
     for h in handles {
-        h.pending.discard(stats);
+        h.pending.discard();
     }
 }
 

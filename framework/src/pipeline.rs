@@ -32,8 +32,9 @@ pub use crate::poll::RunSummary;
 use crate::processor::Processor;
 use crate::rebalance::Hooks;
 use crate::rejected::Rejections;
-use crate::shared::{PollerWake, Shared};
+use crate::shared::Shared;
 use crate::state::assignments::{Assignments, Starter};
+use crate::state::backpressure::Backpressure;
 use crate::stats::Stats;
 use crate::telemetry::Telemetry;
 use crate::transaction::Transactions;
@@ -41,7 +42,7 @@ use crate::watchdog::Watchdog;
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -141,6 +142,7 @@ impl<P: Processor> Pipeline<P> {
             max_output_bytes: max_message_bytes(&config)?,
             output_topics: Default::default(),
         };
+        let backpressure = Backpressure::new(&config.bounds, telemetry.stats.in_flight.clone());
         let shared = Shared {
             dedup,
             rejections,
@@ -153,8 +155,7 @@ impl<P: Processor> Pipeline<P> {
             config,
             handles: Arc::new(handles),
             telemetry,
-            resume_hint: AtomicBool::new(false),
-            poller: PollerWake::default(),
+            backpressure,
         };
         Ok(Self { shared: Arc::new(shared), consumer, stop: CancellationToken::new(), http })
     }

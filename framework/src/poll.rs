@@ -31,6 +31,10 @@ const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 /// Records handed to a partition task in one message, at most.
 const BATCH: usize = 512;
 
+/// Exactly-once, after a producer reset: how long one poll turn may wait for the group's committed
+/// offsets (asked again on the next turns until they come).
+const GROUP_OFFSETS_TRY: Duration = Duration::from_secs(1);
+
 /// What a finished run did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunSummary {
@@ -127,9 +131,9 @@ impl<'c, P: Processor> PollLoop<'c, P> {
                 breaker_paused = false;
                 self.resume_drained();
             }
-            if self.shared.over_total(batches.records, batches.bytes) {
+            if self.shared.backpressure.over_total(batches.records, batches.bytes) {
                 self.flush(&mut batches);
-                self.shared.wait_for_room();
+                self.shared.backpressure.wait_for_room(POLL_WAIT);
             }
             let paused = self.shared.telemetry.stats.paused_partitions.load(Relaxed) > 0;
             let wait = if batches.records > 0 {
@@ -190,7 +194,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
                     }
                 }
             }
-            if paused && self.shared.resume_hint.swap(false, Relaxed) {
+            if paused && self.shared.backpressure.take_resume_hint() {
                 self.resume_drained();
             }
             // Once per batch, not per record (`check_clock`).
@@ -280,8 +284,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
         let per_partition = bounds.max_in_flight_per_partition < bounds.max_in_flight_total;
         let mut full = Vec::new();
         for (_, (handle, records)) in batches.by_epoch.drain() {
-            if handle.send(records, &self.shared.telemetry.stats) >= bounds.max_in_flight_per_partition && per_partition
-            {
+            if handle.send(records) >= bounds.max_in_flight_per_partition && per_partition {
                 full.push(handle);
             }
         }
@@ -361,15 +364,27 @@ impl<'c, P: Processor> PollLoop<'c, P> {
     }
 
     /// Exactly-once: rewinds the partitions an abort inside a rebalance callback left for after the
-    /// poll. Runs before anything else moves their work into a transaction (their aborted entries
-    /// are gone, so nothing of theirs may commit before the rewind).
+    /// poll, and tries once more to rewind those a producer reset left to the group's offsets. Runs
+    /// before anything else moves their work into a transaction (their aborted entries are gone,
+    /// or their last transaction's outcome is unknown, so nothing of theirs may commit before the
+    /// rewind).
     fn rewind_deferred(&self) -> Result<(), Error> {
         let Some(txn) = self.hooks().committer.transactions() else { return Ok(()) };
         let deferred = txn.take_deferred_rewinds();
-        if deferred.is_empty() {
+        if !deferred.is_empty() {
+            self.hooks().rewind(self.consumer, &deferred).map_err(Error::Transaction)?;
+        }
+        let to_group = txn.awaiting_group_rewind();
+        if to_group.is_empty() {
             return Ok(());
         }
-        self.hooks().rewind(self.consumer, &deferred).map_err(Error::Transaction)
+        match self.hooks().rewind_to_group_offsets(self.consumer, &to_group, GROUP_OFFSETS_TRY) {
+            Ok(()) => txn.group_rewound(),
+            // Not yet (the coordinator away, or still settling the old transaction): polled on,
+            // so that rebalances are served, and asked again on the next turn.
+            Err(e) => txn.group_rewind_failed(&e),
+        }
+        Ok(())
     }
 
     /// Acts on how a transaction step ended: rewinds after an abort, stops after a fatal error.
@@ -388,17 +403,22 @@ impl<'c, P: Processor> PollLoop<'c, P> {
         }
     }
 
-    /// Exactly-once, after [`TxnOutcome::Reset`]: replaces the transactional producer, then rewinds
-    /// every owned partition to the offsets the group coordinator holds (read once the new
-    /// producer's `init_transactions` settled the old transaction, so they are the truth whether it
-    /// committed or not). `Ok(false)` when the pipeline was stopped meanwhile.
+    /// Exactly-once, after [`TxnOutcome::Reset`]: replaces the transactional producer, then leaves
+    /// every owned partition to be rewound to the offsets the group coordinator holds (read once
+    /// the new producer's `init_transactions` settled the old transaction, so they are the truth
+    /// whether it committed or not) by [`rewind_deferred`](Self::rewind_deferred), which asks
+    /// between polls: the coordinator may not answer for a while (it went away with the brokers),
+    /// and the poll thread must keep polling meanwhile to hand a lost session to the rebalance
+    /// callback and rejoin. Until then those partitions commit nothing. `Ok(false)` when the
+    /// pipeline was stopped meanwhile.
     fn reset_transactions(&self) -> Result<bool, Error> {
         let Some(txn) = self.hooks().committer.transactions() else { return Ok(true) };
         if !txn.reset(&self.stop).map_err(Error::Transaction)? {
             return Ok(false);
         }
         let handles: Vec<_> = self.hooks().lock().handles().cloned().collect();
-        self.hooks().rewind_to_group_offsets(self.consumer, &handles, &self.stop).map_err(Error::Transaction)?;
+        txn.defer_group_rewind(handles);
+        self.rewind_deferred()?;
         Ok(!self.stop.is_cancelled())
     }
 
@@ -407,7 +427,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
     /// partitions are given up. Returns whether everything finished in time.
     fn shutdown(&self, commit: bool) -> bool {
         let name = &self.shared.config.name;
-        let in_flight = self.shared.telemetry.stats.in_flight.load(Relaxed);
+        let in_flight = self.shared.backpressure.load().records();
         tracing::info!(pipeline = %name, in_flight, "shutting down: draining");
         // Processors can see the shutdown (and retries waiting on a backoff give up at once).
         self.shared.handles.shutdown.cancel();
@@ -424,7 +444,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
         if commit {
             self.hooks().committer.released(self.consumer, &released, &self.shared.telemetry);
         } else {
-            self.hooks().committer.abandon(&released, &self.shared.telemetry.stats);
+            self.hooks().committer.abandon(&released);
         }
         let s = &self.shared.telemetry.stats;
         s.revocations.fetch_add(released.len() as u64, Relaxed);

@@ -13,7 +13,6 @@ use crate::breaker::Breaker;
 use crate::commit::Committer;
 use crate::kafka::log::KafkaLog;
 use crate::partition::PartitionHandle;
-use crate::retry::Backoff;
 use crate::state::assignments::{Assignments, Starter};
 use crate::stats::Stats;
 use crate::telemetry::Telemetry;
@@ -70,7 +69,7 @@ impl Hooks {
         let deadline = if lost { Instant::now() } else { Instant::now() + self.drain_timeout };
         let stops: Vec<_> = handles.iter().map(|h| h.stop(false, deadline)).collect();
         if lost {
-            self.committer.lost(&handles, &self.telemetry.stats);
+            self.committer.lost(&handles);
             return;
         }
         for (h, stop) in handles.iter().zip(stops) {
@@ -93,37 +92,34 @@ impl Hooks {
     /// Exactly-once, after the transactional producer was replaced: like [`rewind`](Self::rewind),
     /// but to the offsets the group coordinator holds, which a consumer reading `read_committed`
     /// fetches with `require_stable` (so they are final once no transaction of this member is
-    /// pending). Retried while the coordinator is unreachable, until `stop`; nothing is fetched when
-    /// no partition is owned.
+    /// pending). One try of at most `timeout`: the poll thread calls it again on its next turns
+    /// while it fails (the coordinator away or still settling the old transaction), and polls in
+    /// between, so that a session lost meanwhile is handed to the rebalance callback and the member
+    /// can rejoin. Handles retired meanwhile (revoked, lost, rewound) are skipped; when none is left
+    /// nothing is fetched.
     pub(crate) fn rewind_to_group_offsets(
         &self,
         consumer: &BaseConsumer<Self>,
         handles: &[Arc<PartitionHandle>],
-        stop: &tokio_util::sync::CancellationToken,
+        timeout: Duration,
     ) -> KafkaResult<()> {
-        // Nothing owned (the partitions were lost while the producer was being replaced): nothing to
-        // rewind, and asking the coordinator would block the poll thread, which must poll to rejoin.
-        // Seen in the chaos broker-restart scenario: the fetch timed out for 4 minutes, the member
-        // never rejoined, and SIGTERM found the copier stuck here.
-        if handles.is_empty() {
+        let current: Vec<Arc<PartitionHandle>> = {
+            let a = self.lock();
+            handles
+                .iter()
+                .filter(|h| a.get(&h.topic, h.partition).is_some_and(|c| Arc::ptr_eq(c, h)))
+                .cloned()
+                .collect()
+        };
+        if current.is_empty() {
             return Ok(());
         }
         let mut tpl = TopicPartitionList::new();
-        for h in handles {
+        for h in &current {
             tpl.add_partition(&h.topic, h.partition);
         }
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
-        let committed = loop {
-            match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
-                Ok(c) => break c,
-                Err(e) if stop.is_cancelled() => return Err(e),
-                Err(e) => {
-                    tracing::warn!(pipeline = %self.name, error = %e, "fetching committed offsets failed; retrying");
-                    backoff.sleep();
-                }
-            }
-        };
-        self.rewind_to(consumer, handles, |h| {
+        let committed = consumer.committed_offsets(tpl, timeout)?;
+        self.rewind_to(consumer, &current, |h| {
             match committed.find_partition(&h.topic, h.partition).map(|e| e.offset()) {
                 Some(Offset::Offset(o)) => Some(o),
                 // Nothing committed for this group yet: where this epoch started.
@@ -154,7 +150,7 @@ impl Hooks {
             };
             // The old task drops its queued records and nothing reads its completions any more.
             let _ = old.stop(false, Instant::now());
-            old.pending.discard(&self.telemetry.stats);
+            old.pending.discard();
             if !replaced {
                 continue;
             }

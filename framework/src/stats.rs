@@ -1,5 +1,7 @@
 //! Live counters of a pipeline, readable while it runs (for tests, health checks and metrics export).
 
+use crate::state::backpressure::InFlight;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
 /// Counters and gauges of one pipeline. Read them with [`Stats::snapshot`].
@@ -17,9 +19,9 @@ pub struct Stats {
     pub(crate) breaker_trips: AtomicU64,
     pub(crate) retries: AtomicU64,
     pub(crate) panics: AtomicU64,
-    pub(crate) in_flight: AtomicU64,
-    pub(crate) in_flight_peak: AtomicU64,
-    pub(crate) buffered_bytes: AtomicU64,
+    /// Records and bytes in flight: counted by the partition handles, bounded by
+    /// [`Backpressure`](crate::state::backpressure::Backpressure), read here for the snapshot only.
+    pub(crate) in_flight: Arc<InFlight>,
     pub(crate) running: AtomicU64,
     pub(crate) running_peak: AtomicU64,
     pub(crate) assigned_partitions: AtomicU64,
@@ -145,9 +147,9 @@ impl Stats {
             breaker_trips: self.breaker_trips.load(Relaxed),
             retries: self.retries.load(Relaxed),
             panics: self.panics.load(Relaxed),
-            in_flight: self.in_flight.load(Relaxed),
-            in_flight_peak: self.in_flight_peak.load(Relaxed),
-            buffered_bytes: self.buffered_bytes.load(Relaxed),
+            in_flight: self.in_flight.records(),
+            in_flight_peak: self.in_flight.peak(),
+            buffered_bytes: self.in_flight.bytes(),
             running: self.running.load(Relaxed),
             running_peak: self.running_peak.load(Relaxed),
             assigned_partitions: self.assigned_partitions.load(Relaxed),
@@ -168,17 +170,6 @@ impl Stats {
             cluster_unreachable: self.cluster_unreachable.load(Relaxed) != 0,
             missing_topics: self.missing_topics.load(Relaxed),
         }
-    }
-
-    pub(crate) fn add_in_flight(&self, records: u64, bytes: u64) {
-        let now = self.in_flight.fetch_add(records, Relaxed) + records;
-        self.in_flight_peak.fetch_max(now, Relaxed);
-        self.buffered_bytes.fetch_add(bytes, Relaxed);
-    }
-
-    pub(crate) fn sub_in_flight(&self, records: u64, bytes: u64) {
-        self.in_flight.fetch_sub(records, Relaxed);
-        self.buffered_bytes.fetch_sub(bytes, Relaxed);
     }
 
     pub(crate) fn started(&self) {

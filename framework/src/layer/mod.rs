@@ -162,7 +162,7 @@ mod tests {
     }
 
     async fn run_one(shared: &Arc<Shared<Flaky>>, record: &Record, cancel: &CancellationToken) -> Processed {
-        process(shared, &PendingOutputs::default(), 1, record, cancel).await
+        process(shared, &PendingOutputs::new(Default::default()), 1, record, cancel).await
     }
 
     #[tokio::test]

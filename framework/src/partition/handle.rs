@@ -4,8 +4,8 @@
 
 use super::Command;
 use crate::record::Record;
+use crate::state::backpressure::InFlight;
 use crate::state::pending::PendingOutputs;
-use crate::stats::Stats;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed};
 use std::time::Instant;
@@ -40,11 +40,19 @@ pub(crate) struct PartitionHandle {
     idle_end: AtomicI64,
     /// Exactly-once: completed records' outputs awaiting their transaction.
     pub(crate) pending: PendingOutputs,
+    /// The pipeline's in-flight counts ([`crate::state::backpressure`]), which this partition's
+    /// buffered records count into.
+    load: Arc<InFlight>,
 }
 
 impl PartitionHandle {
     /// A handle for one epoch, and the receiving end of its task's commands.
-    pub(super) fn new(topic: Arc<str>, partition: i32, epoch: u64) -> (Arc<Self>, UnboundedReceiver<Command>) {
+    pub(super) fn new(
+        topic: Arc<str>,
+        partition: i32,
+        epoch: u64,
+        load: Arc<InFlight>,
+    ) -> (Arc<Self>, UnboundedReceiver<Command>) {
         let (tx, rx) = unbounded_channel();
         let handle = Arc::new(Self {
             topic,
@@ -58,14 +66,15 @@ impl PartitionHandle {
             first_offset: AtomicI64::new(NO_OFFSET),
             next_sent: AtomicI64::new(NO_OFFSET),
             idle_end: AtomicI64::new(NO_OFFSET),
-            pending: PendingOutputs::default(),
+            pending: PendingOutputs::new(load.clone()),
+            load,
         });
         (handle, rx)
     }
 
     /// Hands a batch of polled records to the task, counting them in flight. Returns the partition's
     /// buffered count after it.
-    pub(crate) fn send(&self, records: Vec<Record>, stats: &Stats) -> usize {
+    pub(crate) fn send(&self, records: Vec<Record>) -> usize {
         let n = records.len();
         if let Some(first) = records.first()
             && self.first_offset.load(Relaxed) == NO_OFFSET
@@ -77,13 +86,20 @@ impl PartitionHandle {
         }
         let bytes: u64 = records.iter().map(|r| r.byte_len() as u64).sum();
         let now = self.buffered.fetch_add(n, Relaxed) + n;
-        stats.add_in_flight(n as u64, bytes);
+        self.load.add(n as u64, bytes);
         if self.tx.send(Command::Records(records)).is_err() {
             // The task has exited: nothing was tracked, so nothing is committed; undo the count.
             self.buffered.fetch_sub(n, Relaxed);
-            stats.sub_in_flight(n as u64, bytes);
+            self.load.sub(n as u64, bytes);
         }
         now
+    }
+
+    /// The task finished (or dropped) `records` of `bytes`; returns the partition's buffered count
+    /// after it.
+    pub(crate) fn release(&self, records: usize, bytes: u64) -> usize {
+        self.load.sub(records as u64, bytes);
+        self.buffered.fetch_sub(records, Relaxed) - records
     }
 
     /// Asks the task to stop; [`StopRequest::wait`] waits for it. Ask every task first, then wait, so

@@ -31,7 +31,7 @@ pub(crate) fn start<P: Processor>(
     partition: i32,
     epoch: u64,
 ) -> Arc<PartitionHandle> {
-    let (handle, rx) = PartitionHandle::new(topic, partition, epoch);
+    let (handle, rx) = PartitionHandle::new(topic, partition, epoch, shared.backpressure.load().clone());
     runtime.spawn(PartitionTask::new(shared.clone(), handle.clone()).run(rx));
     handle
 }
@@ -299,7 +299,7 @@ impl<P: Processor> PartitionTask<P> {
             Outcome::DeadLettered(_) | Outcome::Failed(_) => {
                 self.flush_breaker();
                 if self.shared.breaker.record(1, true, &self.shared.telemetry) {
-                    self.shared.wake_poller();
+                    self.shared.backpressure.wake();
                 }
             }
             Outcome::Abandoned => {}
@@ -316,7 +316,7 @@ impl<P: Processor> PartitionTask<P> {
     /// commit its offset; done before the offset is published as committable.
     fn keep_for_transaction(&self, offset: i64, entry: pending::Entry) {
         if !entry.outputs.is_empty() || entry.dedup_key.is_some() {
-            self.handle.pending.push(offset, entry, &self.shared.telemetry.stats);
+            self.handle.pending.push(offset, entry);
         }
     }
 
@@ -349,12 +349,11 @@ impl<P: Processor> PartitionTask<P> {
         if t.released == 0 {
             return;
         }
-        let left = self.handle.buffered.fetch_sub(t.released, Relaxed) - t.released;
-        s.sub_in_flight(t.released as u64, t.released_bytes);
+        let left = self.handle.release(t.released, t.released_bytes);
         if self.handle.is_paused() && left <= self.shared.config.bounds.max_in_flight_per_partition / 2 {
-            self.shared.resume_hint.store(true, Relaxed);
+            self.shared.backpressure.hint_resume();
         }
-        self.shared.wake_poller();
+        self.shared.backpressure.wake();
     }
 
     fn publish(&self) {

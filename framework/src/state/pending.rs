@@ -11,9 +11,9 @@
 //! store yet (it is written there only once the transaction commits).
 
 use crate::record::OutputRecord;
-use crate::stats::Stats;
+use crate::state::backpressure::InFlight;
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// What one completed record leaves for the transaction.
 #[derive(Debug, Default)]
@@ -44,23 +44,30 @@ struct Inner {
 
 /// One partition's entries awaiting a transaction. Their output bytes count towards the pipeline's
 /// buffered-bytes bound, so a backlog of uncommitted outputs throttles polling.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct PendingOutputs {
     inner: Mutex<Inner>,
+    /// The pipeline's in-flight counts, which the kept outputs' bytes count into.
+    load: Arc<InFlight>,
 }
 
 impl PendingOutputs {
+    /// Nothing pending yet; kept outputs count into `load`.
+    pub(crate) fn new(load: Arc<InFlight>) -> Self {
+        Self { inner: Mutex::default(), load }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Keeps a completed record's entry. Dropped (false) when the partition was retired.
-    pub(crate) fn push(&self, offset: i64, entry: Entry, stats: &Stats) -> bool {
+    pub(crate) fn push(&self, offset: i64, entry: Entry) -> bool {
         let mut inner = self.lock();
         if inner.closed {
             return false;
         }
-        stats.add_in_flight(0, entry.bytes());
+        self.load.add(0, entry.bytes());
         if let Some(key) = &entry.dedup_key {
             inner.keys.insert(key.clone());
         }
@@ -70,7 +77,7 @@ impl PendingOutputs {
 
     /// Takes the entries of offsets below `end`, in offset order, with their offsets. Their dedup
     /// keys stay known until [`settle`](Self::settle).
-    pub(crate) fn take_below(&self, end: i64, stats: &Stats) -> Vec<(i64, Entry)> {
+    pub(crate) fn take_below(&self, end: i64) -> Vec<(i64, Entry)> {
         let mut inner = self.lock();
         if inner.closed {
             return Vec::new();
@@ -78,7 +85,7 @@ impl PendingOutputs {
         let rest = inner.entries.split_off(&end);
         let taken = std::mem::replace(&mut inner.entries, rest);
         let entries: Vec<(i64, Entry)> = taken.into_iter().collect();
-        stats.sub_in_flight(0, entries.iter().map(|(_, e)| e.bytes()).sum());
+        self.load.sub(0, entries.iter().map(|(_, e)| e.bytes()).sum());
         entries
     }
 
@@ -97,11 +104,11 @@ impl PendingOutputs {
 
     /// Retires the partition's entries (revoke, abort, shutdown): everything kept is dropped and
     /// later pushes are refused.
-    pub(crate) fn discard(&self, stats: &Stats) {
+    pub(crate) fn discard(&self) {
         let mut inner = self.lock();
         inner.closed = true;
         let entries = std::mem::take(&mut inner.entries);
-        stats.sub_in_flight(0, entries.values().map(Entry::bytes).sum());
+        self.load.sub(0, entries.values().map(Entry::bytes).sum());
         inner.keys.clear();
     }
 }
@@ -121,37 +128,36 @@ mod tests {
 
     #[test]
     fn takes_only_the_completed_prefix_in_offset_order() {
-        let stats = Stats::default();
-        let p = PendingOutputs::default();
+        let load = Arc::new(InFlight::default());
+        let p = PendingOutputs::new(load.clone());
         // Completed out of order: 12, 10, 11, 14 (13 still running).
         for (offset, v) in [(12, "c"), (10, "a"), (11, "b"), (14, "e")] {
-            assert!(p.push(offset, entry(v, None), &stats));
+            assert!(p.push(offset, entry(v, None)));
         }
-        assert_eq!(stats.snapshot().buffered_bytes, 4);
-        let taken: Vec<_> =
-            p.take_below(13, &stats).into_iter().map(|(_, e)| e.outputs[0].value.clone().unwrap()).collect();
+        assert_eq!(load.bytes(), 4);
+        let taken: Vec<_> = p.take_below(13).into_iter().map(|(_, e)| e.outputs[0].value.clone().unwrap()).collect();
         assert_eq!(taken, [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
-        assert_eq!(stats.snapshot().buffered_bytes, 1, "14 stays until 13 completes");
-        assert!(p.take_below(13, &stats).is_empty());
-        assert_eq!(p.take_below(15, &stats).len(), 1);
-        assert_eq!(stats.snapshot().buffered_bytes, 0);
+        assert_eq!(load.bytes(), 1, "14 stays until 13 completes");
+        assert!(p.take_below(13).is_empty());
+        assert_eq!(p.take_below(15).len(), 1);
+        assert_eq!(load.bytes(), 0);
     }
 
     #[test]
     fn dedup_keys_stay_known_until_settled_and_discard_closes() {
-        let stats = Stats::default();
-        let p = PendingOutputs::default();
-        p.push(1, entry("x", Some("k1")), &stats);
+        let load = Arc::new(InFlight::default());
+        let p = PendingOutputs::new(load.clone());
+        p.push(1, entry("x", Some("k1")));
         assert!(p.has_key(b"k1"));
-        let taken = p.take_below(2, &stats);
+        let taken = p.take_below(2);
         assert!(p.has_key(b"k1"), "taken but not committed yet");
         p.settle(taken.iter().filter_map(|(_, e)| e.dedup_key.as_ref()));
         assert!(!p.has_key(b"k1"));
-        p.push(2, entry("y", Some("k2")), &stats);
-        p.discard(&stats);
+        p.push(2, entry("y", Some("k2")));
+        p.discard();
         assert!(!p.has_key(b"k2"));
-        assert_eq!(stats.snapshot().buffered_bytes, 0);
-        assert!(!p.push(3, entry("z", None), &stats), "a retired partition accepts nothing");
-        assert_eq!(stats.snapshot().buffered_bytes, 0);
+        assert_eq!(load.bytes(), 0);
+        assert!(!p.push(3, entry("z", None)), "a retired partition accepts nothing");
+        assert_eq!(load.bytes(), 0);
     }
 }

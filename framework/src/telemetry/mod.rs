@@ -41,7 +41,7 @@ impl Telemetry {
     pub(crate) fn new(name: &str, group: &str, live_within: Duration) -> Self {
         Self {
             name: name.to_owned(),
-            stats: Arc::new(Stats::default()),
+            stats: Arc::default(),
             metrics: Instruments::new(name, group),
             partitions: Mutex::default(),
             live_within,

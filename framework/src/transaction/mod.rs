@@ -91,6 +91,9 @@ pub(crate) struct Transactions {
     open: Mutex<OpenTxn>,
     /// Partitions to rewind once the poll thread is out of a rebalance callback.
     rewind_later: Mutex<Vec<Arc<PartitionHandle>>>,
+    /// After a producer reset: partitions to rewind to the group coordinator's offsets once it
+    /// answers (the poll thread asks on its turns; see `Hooks::rewind_to_group_offsets`).
+    rewind_to_group: Mutex<recovery::GroupRewind>,
     /// Transactions that reached the injected-abort decision (`inject_abort_ratio`).
     injection_draws: AtomicU64,
 }
@@ -141,6 +144,7 @@ impl Transactions {
             reset_cause: Mutex::new(None),
             open: Mutex::default(),
             rewind_later: Mutex::default(),
+            rewind_to_group: Mutex::default(),
             injection_draws: AtomicU64::new(0),
         }
     }
@@ -187,8 +191,10 @@ impl Transactions {
         if self.needs_reset() {
             return Err(TxnOutcome::Reset);
         }
-        // Partitions waiting for a rewind lost entries in an abort: nothing of theirs may commit.
-        let waiting: Vec<Arc<PartitionHandle>> = lock(&self.rewind_later).clone();
+        // Partitions waiting for a rewind lost entries in an abort, or a reset left their last
+        // transaction's outcome unknown: nothing of theirs may commit before the rewind.
+        let mut waiting: Vec<Arc<PartitionHandle>> = lock(&self.rewind_later).clone();
+        waiting.extend(lock(&self.rewind_to_group).handles.iter().cloned());
         let producer = self.client.get();
         let mut open = self.open();
         for h in handles.iter().filter(|h| !waiting.iter().any(|w| Arc::ptr_eq(w, h))) {
@@ -198,7 +204,7 @@ impl Transactions {
                 Some(i) => open.parts[i].1 != end,
                 None => h.commit_candidate().is_some(),
             };
-            let entries = h.pending.take_below(end, &self.telemetry.stats);
+            let entries = h.pending.take_below(end);
             if entries.is_empty() && !moved {
                 continue;
             }

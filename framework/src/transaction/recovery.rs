@@ -4,9 +4,25 @@
 use super::{OpenTxn, Transactions, TxnOutcome, lock};
 use crate::error::Error;
 use crate::kafka::txn_producer::{FENCE_WINDOW, FENCES_TOLERATED};
+use crate::partition::PartitionHandle;
 use crate::telemetry::health_events::{FencedRecovering, ProducerReplaced, ProducerReplacing, TransactionsStopped};
 use rdkafka::error::KafkaError;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+
+/// How often a rewind to the group's offsets that keeps failing is reported while it waits.
+const REPORT_WAIT_EVERY: Duration = Duration::from_secs(10);
+
+/// After a producer reset: the partitions waiting to be rewound to the offsets the group
+/// coordinator holds (they commit nothing until then), and since when.
+#[derive(Debug, Default)]
+pub(super) struct GroupRewind {
+    pub(super) handles: Vec<Arc<PartitionHandle>>,
+    since: Option<Instant>,
+    tries: u32,
+    reported: Option<Instant>,
+}
 
 impl Transactions {
     /// Whether the producer must be replaced ([`reset`](Self::reset)) before anything else commits.
@@ -23,7 +39,9 @@ impl Transactions {
         // The reason was logged at warn where the reset was decided.
         ProducerReplacing { cause: cause.as_ref().map(|c| c as &dyn std::fmt::Display) }.emit(&self.telemetry);
         *self.open() = OpenTxn::default();
-        lock(&self.rewind_later).clear(); // every partition is rewound
+        // Every owned partition is rewound to the group's offsets (the caller defers that).
+        lock(&self.rewind_later).clear();
+        *lock(&self.rewind_to_group) = GroupRewind::default();
         self.client.replace()?;
         match self.client.init(stop) {
             Ok(()) => {
@@ -32,6 +50,42 @@ impl Transactions {
             }
             Err(_) if stop.is_cancelled() => Ok(false),
             Err(e) => Err(e),
+        }
+    }
+
+    /// After a reset: `handles` commit nothing until they are rewound to the group's offsets
+    /// ([`group_rewound`](Self::group_rewound)).
+    pub(crate) fn defer_group_rewind(&self, handles: Vec<Arc<PartitionHandle>>) {
+        let mut g = lock(&self.rewind_to_group);
+        g.handles.extend(handles);
+        g.since.get_or_insert_with(Instant::now);
+    }
+
+    /// The partitions waiting for a rewind to the group's offsets (they stay waiting until
+    /// [`group_rewound`](Self::group_rewound)).
+    pub(crate) fn awaiting_group_rewind(&self) -> Vec<Arc<PartitionHandle>> {
+        lock(&self.rewind_to_group).handles.clone()
+    }
+
+    /// The partitions waiting for a rewind to the group's offsets were rewound (or retired).
+    pub(crate) fn group_rewound(&self) {
+        let g = std::mem::take(&mut *lock(&self.rewind_to_group));
+        if g.tries > 0 {
+            let waited = g.since.map(|t| t.elapsed());
+            tracing::info!(pipeline = %self.name, partitions = g.handles.len(), failed_tries = g.tries, ?waited, "rewound to the group's committed offsets");
+        }
+    }
+
+    /// A try to fetch the group's committed offsets for the rewind failed; reported at once, then
+    /// every [`REPORT_WAIT_EVERY`] while it keeps failing.
+    pub(crate) fn group_rewind_failed(&self, e: &KafkaError) {
+        let mut g = lock(&self.rewind_to_group);
+        g.tries += 1;
+        if g.reported.is_none_or(|t| t.elapsed() >= REPORT_WAIT_EVERY) {
+            g.reported = Some(Instant::now());
+            let waited = g.since.map(|t| t.elapsed());
+            tracing::warn!(pipeline = %self.name, error = %e, tries = g.tries, ?waited, partitions = g.handles.len(),
+                "fetching the group's committed offsets for a rewind failed; polling on and asking again (these partitions commit nothing until then)");
         }
     }
 
