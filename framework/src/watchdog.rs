@@ -13,7 +13,13 @@
 //!   librdkafka cannot decompress, a corrupt batch, an offset it cannot resolve), or
 //! - in `read_committed` mode, the fetch position reached the last stable offset but the high
 //!   watermark is beyond it: a transaction left open holds the partition back (a *hanging*
-//!   transaction; a transaction normally commits or is aborted by its `transaction.timeout.ms`).
+//!   transaction; a transaction normally commits or is aborted by its `transaction.timeout.ms`), or
+//! - librdkafka does not fetch it at all (fetch state other than `active`): the offset to start
+//!   from was never resolved. A consumer
+//!   reading `read_committed` fetches the group's committed offsets with `require_stable`, which
+//!   waits (librdkafka retries without end) while a transaction holds offsets of this group
+//!   pending: a hanging transaction on `__consumer_offsets` stalls the partition before its first
+//!   fetch. A group coordinator that does not answer looks the same.
 //!
 //! librdkafka itself counts the second case as caught up (its consumer lag is measured to the last
 //! stable offset), but for the pipeline the records behind the open transaction are work it cannot
@@ -123,8 +129,15 @@ impl Watchdog {
 
     /// Whether `p`, idle on Millrace's side, is held back, and by what.
     fn stall(&self, p: &Partition) -> Option<Stall> {
+        if p.fetch_state != "active" {
+            // Owned and not paused, yet librdkafka does not fetch it: the offset to start from (the
+            // group's committed offset) is not resolved (seen as fetch state `none`, position 0,
+            // no high watermark). Normal for the moments after an assignment; for `stall_timeout`
+            // it means the offset fetch does not complete.
+            return Some(Stall::Position);
+        }
         if p.next_offset < 0 || p.hi_offset < 0 {
-            return None; // not fetching yet (or nothing known about its end)
+            return None; // nothing known about its position or end yet
         }
         let end = if self.read_committed { p.ls_offset } else { p.hi_offset };
         if end >= 0 && p.next_offset < end {

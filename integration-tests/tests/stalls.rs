@@ -130,6 +130,55 @@ async fn a_transaction_left_open_on_the_input_is_reported_as_a_stall() -> Result
     Ok(())
 }
 
+/// A transaction left open holding offsets of the pipeline's group (seen in the chaos
+/// `broker-restart` scenario after two broker restarts: a hanging transaction on
+/// `__consumer_offsets`): a `read_committed` consumer fetches the group's committed offsets with
+/// `require_stable`, which librdkafka retries for as long as the transaction is open, so the
+/// assigned partition never gets a position and nothing is fetched. Before, that was silent; now
+/// after `stall_timeout` it is reported as a stall, and it clears once the transaction ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_offsets_held_by_an_open_transaction_are_reported_as_a_stall() -> Result<()> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+    init_logs();
+    let (input, group) = (unique("pending-offsets-in"), unique("pending-offsets-group"));
+    create_topic(&input, 1).await?;
+    send(&producer(&[])?, &input, 0..10).await?;
+    // Offsets for the group in a transaction that is left open (the group metadata of a consumer
+    // that never joined: generation -1, which the coordinator accepts without a generation check).
+    let member: BaseConsumer =
+        ClientConfig::new().set("bootstrap.servers", bootstrap()).set("group.id", &group).create()?;
+    let metadata = member.group_metadata().ok_or_else(|| anyhow::anyhow!("no group metadata"))?;
+    let txn = producer(&[("transactional.id", &unique("pending-offsets-tx")), ("transaction.timeout.ms", "120000")])?;
+    txn.init_transactions(Duration::from_secs(30))?;
+    txn.begin_transaction()?;
+    let mut offsets = TopicPartitionList::new();
+    offsets.add_partition_offset(&input, 0, Offset::Offset(5))?;
+    txn.send_offsets_to_transaction(&offsets, &metadata, Duration::from_secs(30))?;
+
+    let (tx, mut processed) = watch::channel(0);
+    let config = PipelineConfig::new(bootstrap(), &group, [&input])
+        .exactly_once(ExactlyOnce::default().transactional_id(format!("{group}-tx")))
+        .stall_timeout(Duration::from_secs(2));
+    let pipeline = Pipeline::new(config, Count(tx))?;
+    let (stop, stats) = (pipeline.shutdown_token(), pipeline.stats());
+    let run = tokio::spawn(pipeline.run());
+    stat(&stats, "the partition to be assigned", Duration::from_secs(60), |s| s.assigned_partitions == 1).await?;
+    let assigned_at = Instant::now();
+    stat(&stats, "the stall to be reported", Duration::from_secs(30), |s| s.stalled_partitions == 1).await?;
+    let reported_after = assigned_at.elapsed();
+    assert_eq!(*processed.borrow(), 0, "no position, nothing fetched");
+
+    txn.abort_transaction(Duration::from_secs(30))?; // the offsets never count
+    tokio::time::timeout(Duration::from_secs(60), processed.wait_for(|n| *n >= 10)).await??;
+    stat(&stats, "the stall to clear", Duration::from_secs(30), |s| s.stalled_partitions == 0).await?;
+    stop.cancel();
+    run.await??;
+    println!("stall reported {reported_after:?} after the assignment");
+    assert!(reported_after >= Duration::from_secs(1), "reported only after stall_timeout");
+    Ok(())
+}
+
 /// Nothing listens on port 1: with a start-up timeout, `run()` fails with the typed error naming
 /// the bootstrap list, instead of logging `AllBrokersDown (retrying)` forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
