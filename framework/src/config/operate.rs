@@ -11,7 +11,9 @@ impl PipelineConfig {
     /// records, and its fetch position has not moved for this long although either readable records
     /// lie ahead of it (the fetch keeps failing, e.g. on a compression codec the client cannot
     /// decode) or, in exactly-once mode (`read_committed`), a transaction left open holds the last
-    /// stable offset below the high watermark (a hanging transaction). Each stall is logged once at
+    /// stable offset below the high watermark (a hanging transaction), or librdkafka never starts
+    /// fetching it because its start offset does not come (the group coordinator does not answer,
+    /// or a transaction left open holds the group's offsets pending). Each stall is logged once at
     /// error level naming topic, partition, position and end, counted in
     /// [`StatsSnapshot::stalled_partitions`](crate::StatsSnapshot::stalled_partitions), and cleared
     /// when the partition moves. The watchdog reads librdkafka's statistics, which Millrace asks for
