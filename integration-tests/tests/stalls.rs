@@ -57,6 +57,24 @@ async fn delete_topic(topic: &str) -> Result<()> {
     Admin::from_env()?.delete_topics(&[topic]).await
 }
 
+/// A transactional producer with a transaction begun (and a timeout long enough to stay open for
+/// the whole test unless ended).
+fn open_transaction(prefix: &str) -> Result<FutureProducer> {
+    let txn = producer(&[("transactional.id", &unique(prefix)), ("transaction.timeout.ms", "120000")])?;
+    txn.init_transactions(Duration::from_secs(30))?;
+    txn.begin_transaction()?;
+    Ok(txn)
+}
+
+/// An exactly-once (`read_committed`) pipeline of `group` on `input` with a 2 s `stall_timeout`;
+/// counts processed records into `tx`.
+fn exactly_once(group: &str, input: &str, tx: watch::Sender<usize>) -> Result<Pipeline<Count>> {
+    let config = PipelineConfig::new(bootstrap(), group, [input])
+        .exactly_once(ExactlyOnce::default().transactional_id(format!("{group}-tx")))
+        .stall_timeout(Duration::from_secs(2));
+    Ok(Pipeline::new(config, Count(tx))?)
+}
+
 /// zstd batches used to stall the partition for good (librdkafka was built without zstd: one
 /// "Decompression (codec 0x4) … Not implemented" warning, then nothing). Now every record is
 /// processed and committed to the end.
@@ -100,18 +118,12 @@ async fn a_transaction_left_open_on_the_input_is_reported_as_a_stall() -> Result
     create_topic(&input, 1).await?;
     let plain = producer(&[])?;
     send(&plain, &input, 0..10).await?;
-    let txn_id = unique("hanging-tx");
-    let txn = producer(&[("transactional.id", &txn_id), ("transaction.timeout.ms", "120000")])?;
-    txn.init_transactions(Duration::from_secs(30))?;
-    txn.begin_transaction()?;
+    let txn = open_transaction("hanging-tx")?;
     send(&txn, &input, 10..15).await?; // left open
     send(&plain, &input, 15..20).await?; // readable only once the transaction ends
 
     let (tx, mut processed) = watch::channel(0);
-    let config = PipelineConfig::new(bootstrap(), &group, [&input])
-        .exactly_once(ExactlyOnce::default().transactional_id(format!("{group}-tx")))
-        .stall_timeout(Duration::from_secs(2));
-    let pipeline = Pipeline::new(config, Count(tx))?;
+    let pipeline = exactly_once(&group, &input, tx)?;
     let (stop, stats) = (pipeline.shutdown_token(), pipeline.stats());
     let run = tokio::spawn(pipeline.run());
     tokio::time::timeout(Duration::from_secs(60), processed.wait_for(|n| *n >= 10)).await??;
@@ -149,18 +161,13 @@ async fn group_offsets_held_by_an_open_transaction_are_reported_as_a_stall() -> 
     let member: BaseConsumer =
         ClientConfig::new().set("bootstrap.servers", bootstrap()).set("group.id", &group).create()?;
     let metadata = member.group_metadata().ok_or_else(|| anyhow::anyhow!("no group metadata"))?;
-    let txn = producer(&[("transactional.id", &unique("pending-offsets-tx")), ("transaction.timeout.ms", "120000")])?;
-    txn.init_transactions(Duration::from_secs(30))?;
-    txn.begin_transaction()?;
+    let txn = open_transaction("pending-offsets-tx")?;
     let mut offsets = TopicPartitionList::new();
     offsets.add_partition_offset(&input, 0, Offset::Offset(5))?;
     txn.send_offsets_to_transaction(&offsets, &metadata, Duration::from_secs(30))?;
 
     let (tx, mut processed) = watch::channel(0);
-    let config = PipelineConfig::new(bootstrap(), &group, [&input])
-        .exactly_once(ExactlyOnce::default().transactional_id(format!("{group}-tx")))
-        .stall_timeout(Duration::from_secs(2));
-    let pipeline = Pipeline::new(config, Count(tx))?;
+    let pipeline = exactly_once(&group, &input, tx)?;
     let (stop, stats) = (pipeline.shutdown_token(), pipeline.stats());
     let run = tokio::spawn(pipeline.run());
     stat(&stats, "the partition to be assigned", Duration::from_secs(60), |s| s.assigned_partitions == 1).await?;
