@@ -8,7 +8,8 @@
 //! (`hi_offset`) and its last stable offset (`ls_offset`, the end a `read_committed` reader may read
 //! to). A partition is **stalled** when, for `stall_timeout` without its fetch position moving,
 //! - Millrace owns it, has not paused it (backpressure, circuit breaker) and holds none of its
-//!   records, and librdkafka has none of them queued for the application, and
+//!   records, and (while librdkafka fetches it) librdkafka has none of them queued for the
+//!   application, and
 //! - either records it may read lie ahead of its fetch position (the fetch keeps failing: a codec
 //!   librdkafka cannot decompress, a corrupt batch, an offset it cannot resolve), or
 //! - in `read_committed` mode, the fetch position reached the last stable offset but the high
@@ -85,7 +86,7 @@ impl Watchdog {
         for (topic, t) in &report.topics {
             for (&partition, p) in t.partitions.iter().filter(|(id, _)| **id >= 0) {
                 let Some(handle) = owned.get(topic, partition) else { continue };
-                let idle = !busy && !handle.is_paused() && handle.buffered() == 0 && p.fetchq_cnt == 0;
+                let idle = !busy && !handle.is_paused() && handle.buffered() == 0;
                 let stall = if idle { self.stall(p) } else { None };
                 let key = (topic.clone(), partition);
                 seen.push(key.clone());
@@ -130,14 +131,16 @@ impl Watchdog {
     /// Whether `p`, idle on Millrace's side, is held back, and by what.
     fn stall(&self, p: &Partition) -> Option<Stall> {
         if p.fetch_state != "active" {
+            // (Its fetch queue may still count an op from before it stopped, which librdkafka
+            // discards as outdated: seen as `fetchq_cnt` 1 on a partition assigned again.)
             // Owned and not paused, yet librdkafka does not fetch it: the offset to start from (the
             // group's committed offset) is not resolved (seen as fetch state `none`, position 0,
             // no high watermark). Normal for the moments after an assignment; for `stall_timeout`
             // it means the offset fetch does not complete.
             return Some(Stall::Position);
         }
-        if p.next_offset < 0 || p.hi_offset < 0 {
-            return None; // nothing known about its position or end yet
+        if p.next_offset < 0 || p.hi_offset < 0 || p.fetchq_cnt > 0 {
+            return None; // nothing known about its position or end yet, or records queued for it
         }
         let end = if self.read_committed { p.ls_offset } else { p.hi_offset };
         if end >= 0 && p.next_offset < end {

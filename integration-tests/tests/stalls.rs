@@ -186,6 +186,62 @@ async fn group_offsets_held_by_an_open_transaction_are_reported_as_a_stall() -> 
     Ok(())
 }
 
+/// The same on a partition assigned again (as in the chaos `broker-restart` scenario, where the
+/// member got its partitions back after a lost session): a second member takes partition 0, a
+/// transaction left open commits offsets for it with that member's group metadata, and the member
+/// leaves. The pipeline owns the partition again but librdkafka never resumes fetching it (its
+/// statistics say fetch state `stopped`, and still count one outdated op in its fetch queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reassigned_partition_whose_offsets_an_open_transaction_holds_is_reported_as_a_stall() -> Result<()> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+    init_logs();
+    let (input, group) = (unique("pending-reassign-in"), unique("pending-reassign-group"));
+    create_topic(&input, 2).await?;
+    send(&producer(&[])?, &input, 0..10).await?;
+    let (tx, mut processed) = watch::channel(0);
+    let pipeline = exactly_once(&group, &input, tx)?;
+    let (stop, stats) = (pipeline.shutdown_token(), pipeline.stats());
+    let run = tokio::spawn(pipeline.run());
+    tokio::time::timeout(Duration::from_secs(60), processed.wait_for(|n| *n >= 10)).await??;
+
+    let member: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .create()?;
+    member.subscribe(&[&input])?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let taken = loop {
+        let _ = member.poll(Duration::from_millis(100));
+        if let Some(e) = member.assignment()?.elements().first() {
+            break e.partition();
+        }
+        if Instant::now() > deadline {
+            bail!("the second member was never assigned a partition");
+        }
+    };
+    let metadata = member.group_metadata().ok_or_else(|| anyhow::anyhow!("no group metadata"))?;
+    let txn = open_transaction("pending-reassign-tx")?;
+    let mut offsets = TopicPartitionList::new();
+    offsets.add_partition_offset(&input, taken, Offset::Offset(1))?;
+    txn.send_offsets_to_transaction(&offsets, &metadata, Duration::from_secs(30))?;
+    drop(member); // leaves the group: the pipeline is assigned the partition again
+    stat(&stats, "the partition to be assigned again", Duration::from_secs(60), |s| s.assigned_partitions == 2).await?;
+    let assigned_at = Instant::now();
+    stat(&stats, "the stall to be reported", Duration::from_secs(30), |s| s.stalled_partitions == 1).await?;
+    let reported_after = assigned_at.elapsed();
+
+    txn.abort_transaction(Duration::from_secs(30))?;
+    stat(&stats, "the stall to clear", Duration::from_secs(30), |s| s.stalled_partitions == 0).await?;
+    stop.cancel();
+    run.await??;
+    println!("stall of partition {taken} reported {reported_after:?} after it was assigned again");
+    assert!(reported_after >= Duration::from_secs(1), "reported only after stall_timeout");
+    Ok(())
+}
+
 /// Nothing listens on port 1: with a start-up timeout, `run()` fails with the typed error naming
 /// the bootstrap list, instead of logging `AllBrokersDown (retrying)` forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
