@@ -66,6 +66,22 @@ fn open_transaction(prefix: &str) -> Result<FutureProducer> {
     Ok(txn)
 }
 
+/// A transaction left open that commits `offset` for `topic`/`partition` in the group of
+/// `metadata`: until it ends, the group's committed offset of that partition is pending, and a
+/// `read_committed` offset fetch (`require_stable`) waits for it.
+fn hold_offsets(
+    metadata: &rdkafka::consumer::ConsumerGroupMetadata,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+) -> Result<FutureProducer> {
+    let txn = open_transaction("pending-offsets-tx")?;
+    let mut offsets = rdkafka::TopicPartitionList::new();
+    offsets.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset))?;
+    txn.send_offsets_to_transaction(&offsets, metadata, Duration::from_secs(30))?;
+    Ok(txn)
+}
+
 /// An exactly-once (`read_committed`) pipeline of `group` on `input` with a 2 s `stall_timeout`;
 /// counts processed records into `tx`.
 fn exactly_once(group: &str, input: &str, tx: watch::Sender<usize>) -> Result<Pipeline<Count>> {
@@ -151,7 +167,6 @@ async fn a_transaction_left_open_on_the_input_is_reported_as_a_stall() -> Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_offsets_held_by_an_open_transaction_are_reported_as_a_stall() -> Result<()> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::{Offset, TopicPartitionList};
     init_logs();
     let (input, group) = (unique("pending-offsets-in"), unique("pending-offsets-group"));
     create_topic(&input, 1).await?;
@@ -161,10 +176,7 @@ async fn group_offsets_held_by_an_open_transaction_are_reported_as_a_stall() -> 
     let member: BaseConsumer =
         ClientConfig::new().set("bootstrap.servers", bootstrap()).set("group.id", &group).create()?;
     let metadata = member.group_metadata().ok_or_else(|| anyhow::anyhow!("no group metadata"))?;
-    let txn = open_transaction("pending-offsets-tx")?;
-    let mut offsets = TopicPartitionList::new();
-    offsets.add_partition_offset(&input, 0, Offset::Offset(5))?;
-    txn.send_offsets_to_transaction(&offsets, &metadata, Duration::from_secs(30))?;
+    let txn = hold_offsets(&metadata, &input, 0, 5)?;
 
     let (tx, mut processed) = watch::channel(0);
     let pipeline = exactly_once(&group, &input, tx)?;
@@ -194,7 +206,6 @@ async fn group_offsets_held_by_an_open_transaction_are_reported_as_a_stall() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reassigned_partition_whose_offsets_an_open_transaction_holds_is_reported_as_a_stall() -> Result<()> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::{Offset, TopicPartitionList};
     init_logs();
     let (input, group) = (unique("pending-reassign-in"), unique("pending-reassign-group"));
     create_topic(&input, 2).await?;
@@ -223,10 +234,7 @@ async fn a_reassigned_partition_whose_offsets_an_open_transaction_holds_is_repor
         }
     };
     let metadata = member.group_metadata().ok_or_else(|| anyhow::anyhow!("no group metadata"))?;
-    let txn = open_transaction("pending-reassign-tx")?;
-    let mut offsets = TopicPartitionList::new();
-    offsets.add_partition_offset(&input, taken, Offset::Offset(1))?;
-    txn.send_offsets_to_transaction(&offsets, &metadata, Duration::from_secs(30))?;
+    let txn = hold_offsets(&metadata, &input, taken, 1)?;
     drop(member); // leaves the group: the pipeline is assigned the partition again
     stat(&stats, "the partition to be assigned again", Duration::from_secs(60), |s| s.assigned_partitions == 2).await?;
     let assigned_at = Instant::now();
