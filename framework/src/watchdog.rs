@@ -131,13 +131,13 @@ impl Watchdog {
     /// Whether `p`, idle on Millrace's side, is held back, and by what.
     fn stall(&self, p: &Partition) -> Option<Stall> {
         if p.fetch_state != "active" {
-            // (Its fetch queue may still count an op from before it stopped, which librdkafka
-            // discards as outdated: seen as `fetchq_cnt` 1 on a partition assigned again.)
             // Owned and not paused, yet librdkafka does not fetch it: the offset to start from (the
-            // group's committed offset) is not resolved (seen as fetch state `none`, position 0,
-            // no high watermark). Normal for the moments after an assignment; for `stall_timeout`
-            // it means the offset fetch does not complete.
-            return Some(Stall::Position);
+            // group's committed offset) is not resolved. Seen as fetch state `none` on a first
+            // assignment, and as `stopped` with one outdated op still counted in the fetch queue on
+            // a partition assigned again (so the queue count says nothing here). Normal for the
+            // moments after an assignment; for `stall_timeout` it means the offset fetch does not
+            // complete.
+            return Some(Stall::NotFetching);
         }
         if p.next_offset < 0 || p.hi_offset < 0 || p.fetchq_cnt > 0 {
             return None; // nothing known about its position or end yet, or records queued for it

@@ -40,17 +40,8 @@ pub fn unique(prefix: &str) -> String {
 
 /// Polls `check` every 50 ms until it returns `Some`, or fails after `timeout` with `what` (used only
 /// for state outside this process, such as a child's journal or the group's committed offsets).
-pub async fn eventually<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Result<Option<T>>) -> Result<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check()? {
-            return Ok(v);
-        }
-        if Instant::now() > deadline {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+pub async fn eventually<T>(what: &str, timeout: Duration, check: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    poll_until(what, timeout, false, check).await
 }
 
 /// Like [`eventually`], but a failed check counts as "not yet" (the last error is reported if the
@@ -60,6 +51,17 @@ pub async fn eventually<T>(what: &str, timeout: Duration, mut check: impl FnMut(
 pub async fn eventually_despite_errors<T>(
     what: &str,
     timeout: Duration,
+    check: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    poll_until(what, timeout, true, check).await
+}
+
+/// Polls `check` every 50 ms until it returns `Some` or `timeout` passes; an error ends the wait
+/// unless `tolerate_errors`, when it counts as "not yet" and the last one is reported at the end.
+async fn poll_until<T>(
+    what: &str,
+    timeout: Duration,
+    tolerate_errors: bool,
     mut check: impl FnMut() -> Result<Option<T>>,
 ) -> Result<T> {
     let deadline = Instant::now() + timeout;
@@ -68,7 +70,8 @@ pub async fn eventually_despite_errors<T>(
         match check() {
             Ok(Some(v)) => return Ok(v),
             Ok(None) => {}
-            Err(e) => last_error = Some(e),
+            Err(e) if tolerate_errors => last_error = Some(e),
+            Err(e) => return Err(e),
         }
         if Instant::now() > deadline {
             match last_error {

@@ -14,8 +14,9 @@ pub(crate) enum Stall {
     Fetch,
     /// `read_committed`: an open transaction holds the last stable offset below the high watermark.
     OpenTransaction,
-    /// No fetch position: the offset to start from (the group's committed offset) is not resolved.
-    Position,
+    /// Owned, but librdkafka does not fetch it: the offset to start from (the group's committed
+    /// offset) is not resolved.
+    NotFetching,
 }
 
 /// A partition made no progress for `stall_timeout` (reported once per stall).
@@ -45,7 +46,7 @@ impl PartitionStalled<'_> {
                 stuck_for_s,
                 "partition stalled: an open transaction holds its last stable offset below the high watermark \
                  (a hanging transaction? see kafka-transactions.sh find-hanging)"),
-            Stall::Position => tracing::error!(pipeline = %name, topic, partition, fetch_state = %self.fetch_state,
+            Stall::NotFetching => tracing::error!(pipeline = %name, topic, partition, fetch_state = %self.fetch_state,
                 stuck_for_s,
                 "partition stalled: owned, but the offset to start from is not resolved: the group's committed \
                  offsets do not come (the group coordinator does not answer, or, read_committed, a transaction \
