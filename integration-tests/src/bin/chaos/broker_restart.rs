@@ -26,7 +26,8 @@ pub async fn run(env: Env) -> Result<Outcome> {
         return Ok(outcome);
     }
     if let Some(why) = broker::not_ours()? {
-        outcome.skipped = Some(why);
+        // --own-broker asked for this scenario: not being able to run it is a failure, not a skip.
+        outcome.check(false, format!("--own-broker was given, but {why}"));
         return Ok(outcome);
     }
     let n = env.profile.broker_records;

@@ -176,6 +176,7 @@ fn main() -> Result<()> {
     }
     let failed: Vec<&str> = outcomes.iter().filter(|o| !o.passed(args.strict)).map(|o| o.scenario.as_str()).collect();
     let known: Vec<&str> = outcomes.iter().filter(|o| !o.known.is_empty()).map(|o| o.scenario.as_str()).collect();
+    let skipped: Vec<&str> = outcomes.iter().filter(|o| o.skipped.is_some()).map(|o| o.scenario.as_str()).collect();
     let totals = outcome::Totals::of(&outcomes);
     println!(
         "chaos: total records={} kills={} rebalances={} broker_restarts={} aborts={} lost={} duplicated={} in {:.0}s seed={seed}: {}",
@@ -187,7 +188,11 @@ fn main() -> Result<()> {
         totals.lost,
         totals.duplicated,
         started.elapsed().as_secs_f64(),
-        if failed.is_empty() { "PASS".to_owned() } else { format!("FAIL ({})", failed.join(", ")) }
+        match (failed.is_empty(), skipped.is_empty()) {
+            (false, _) => format!("FAIL ({})", failed.join(", ")),
+            (true, true) => "PASS".to_owned(),
+            (true, false) => format!("PASS (skipped: {})", skipped.join(", ")),
+        }
     );
     if !known.is_empty() {
         println!(
