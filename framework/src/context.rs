@@ -1,5 +1,5 @@
 //! What a processor can see and do besides its record: the attempt number, output emission whose
-//! acknowledgement gates the record's completion, and the shutdown signal.
+//! acknowledgement gates the record's completion, the shutdown signal and the attempt's cancellation.
 
 use crate::error::EmitError;
 use crate::kafka::log::Producer;
@@ -7,7 +7,7 @@ use crate::kafka::produce;
 use crate::record::OutputRecord;
 use crate::trace::TraceContext;
 use rdkafka::producer::DeliveryFuture;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use tokio_util::sync::CancellationToken;
 
 /// Per-attempt context handed to [`Processor::process`](crate::Processor::process).
@@ -27,6 +27,9 @@ pub struct Context {
     handles: Arc<RuntimeHandles>,
     pending: Mutex<Vec<(String, DeliveryFuture)>>,
     buffered: Mutex<Vec<OutputRecord>>,
+    /// Made on the first [`cancelled`](Self::cancelled) or [`is_cancelled`](Self::is_cancelled):
+    /// an attempt whose handler never asks is dropped at its timeout without a grace period.
+    cancel: OnceLock<CancellationToken>,
 }
 
 /// What every context shares: the producer for outputs and the shutdown signal.
@@ -57,7 +60,48 @@ impl Context {
             handles,
             pending: Mutex::new(Vec::new()),
             buffered: Mutex::new(Vec::new()),
+            cancel: OnceLock::new(),
         }
+    }
+
+    /// Resolves when this attempt is cancelled: it ran past
+    /// [`attempt_timeout`](crate::PipelineConfig::attempt_timeout). A handler that awaits it (or
+    /// checks [`is_cancelled`](Self::is_cancelled)) gets
+    /// [`cancel_grace`](crate::PipelineConfig::cancel_grace) to stop cleanly (roll back, release a
+    /// lock) before its future is dropped; one that never asks is dropped at the timeout. The
+    /// attempt counts as timed out either way, whatever it returns.
+    ///
+    /// ```no_run
+    /// use millrace::{Context, ProcessError, Processor, Record};
+    ///
+    /// struct Upload;
+    /// # async fn upload(_: &Record) -> Result<(), ProcessError> { Ok(()) }
+    /// # async fn abort_upload() {}
+    /// impl Processor for Upload {
+    ///     async fn process(&self, record: &Record, ctx: &Context) -> Result<(), ProcessError> {
+    ///         tokio::select! {
+    ///             done = upload(record) => done,
+    ///             _ = ctx.cancelled() => {
+    ///                 abort_upload().await;
+    ///                 Err(ProcessError::transient("cancelled"))
+    ///             }
+    ///         }
+    ///     }
+    /// }
+    /// ```
+    pub async fn cancelled(&self) {
+        self.cancel.get_or_init(CancellationToken::new).cancelled().await
+    }
+
+    /// True once this attempt is cancelled (see [`cancelled`](Self::cancelled)).
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.get_or_init(CancellationToken::new).is_cancelled()
+    }
+
+    /// Cancels the attempt; true when its handler listens (asked for the signal), so it is worth
+    /// giving it a grace period.
+    pub(crate) fn cancel(&self) -> bool {
+        self.cancel.get().inspect(|t| t.cancel()).is_some()
     }
 
     /// The record's idempotency key when the dedup store is on: the same on every attempt, every

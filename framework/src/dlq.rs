@@ -58,6 +58,9 @@ pub enum DlqErrorKind {
     Decode,
     /// The processor panicked.
     Panic,
+    /// The last attempt ran past [`attempt_timeout`](crate::PipelineConfig::attempt_timeout) and was
+    /// cancelled (a timeout is a transient failure: this is the kind once the retries are used up).
+    Timeout,
 }
 
 impl DlqErrorKind {
@@ -68,6 +71,7 @@ impl DlqErrorKind {
             DlqErrorKind::Permanent => "permanent",
             DlqErrorKind::Decode => "decode",
             DlqErrorKind::Panic => "panic",
+            DlqErrorKind::Timeout => "timeout",
         }
     }
 }
@@ -87,7 +91,10 @@ impl FromStr for DlqErrorKind {
             "permanent" => Ok(DlqErrorKind::Permanent),
             "decode" => Ok(DlqErrorKind::Decode),
             "panic" => Ok(DlqErrorKind::Panic),
-            other => Err(format!("unknown error kind {other:?} (transient-exhausted, permanent, decode, panic)")),
+            "timeout" => Ok(DlqErrorKind::Timeout),
+            other => {
+                Err(format!("unknown error kind {other:?} (transient-exhausted, permanent, decode, panic, timeout)"))
+            }
         }
     }
 }

@@ -48,6 +48,7 @@ pub(crate) enum Cause {
     Processor,
     Decode,
     Panic,
+    Timeout,
 }
 
 impl ProcessError {
@@ -74,6 +75,16 @@ impl ProcessError {
     /// A caught panic: permanent, dead-lettered with error kind `panic`.
     pub(crate) fn panic(message: String) -> Self {
         Self { kind: FailureKind::Permanent, cause: Cause::Panic, source: message.into() }
+    }
+
+    /// An attempt that ran past the attempt timeout and was cancelled: transient, dead-lettered with
+    /// error kind `timeout` once the retries are used up.
+    pub(crate) fn timed_out(after: std::time::Duration) -> Self {
+        Self {
+            kind: FailureKind::Transient,
+            cause: Cause::Timeout,
+            source: format!("attempt timed out after {after:?} and was cancelled").into(),
+        }
     }
 
     /// A failure whose kind `classify` decides, for errors from other crates.

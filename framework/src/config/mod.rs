@@ -57,6 +57,18 @@ pub struct PipelineConfig {
     /// How long a revoke or a shutdown waits for running records before committing what is done.
     /// Must stay below `max.poll.interval.ms` (and should stay below `session.timeout.ms`).
     pub drain_timeout: Duration,
+    /// How long one processor call may run before it is cancelled (its future dropped at its next
+    /// await) and counted as a transient failure: retried under [`retry`](Self::retry), then
+    /// dead-lettered with error kind `timeout`. The outputs' acknowledgements are awaited outside
+    /// it. `None` (the default) in at-least-once mode: no limit. In exactly-once mode `None` means
+    /// the transaction timeout (a hung call holds its partition's later outputs back the way an open
+    /// transaction would), and a set value may not exceed it. See
+    /// [`attempt_timeout`](Self::attempt_timeout) for what happens to a cancelled call's outputs.
+    pub attempt_timeout: Option<Duration>,
+    /// How long a timed-out call that listens for [`Context::cancelled`](crate::Context::cancelled)
+    /// may take to stop before its future is dropped. Default 1 s. (A revoke or shutdown still waits
+    /// at most `drain_timeout` for running calls.)
+    pub cancel_grace: Duration,
     /// Retries of transient failures.
     pub retry: RetryPolicy,
     /// The dead-letter topic.
@@ -114,6 +126,8 @@ impl PipelineConfig {
             commit_interval: Duration::from_secs(1),
             commit_every_records: None,
             drain_timeout: Duration::from_secs(10),
+            attempt_timeout: None,
+            cancel_grace: Duration::from_secs(1),
             retry: RetryPolicy::default(),
             dlq: DlqConfig::default(),
             circuit_breaker: CircuitBreakerConfig::default(),
@@ -168,6 +182,38 @@ impl PipelineConfig {
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
         self
+    }
+
+    /// Cancels a processor call that runs longer than `timeout` (a transient failure). Outputs a
+    /// cancelled call had emitted: in exactly-once mode they are dropped with the attempt and never
+    /// committed; in at-least-once mode they may already be in their topics (as with any failed
+    /// attempt that emitted before failing), so a retry can duplicate them. A call that blocks its
+    /// thread without awaiting cannot be cancelled.
+    ///
+    /// ```
+    /// use millrace::PipelineConfig;
+    /// use std::time::Duration;
+    ///
+    /// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"])
+    ///     .attempt_timeout(Duration::from_secs(5));
+    /// assert_eq!(config.effective_attempt_timeout(), Some(Duration::from_secs(5)));
+    /// ```
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// Sets how long a cancelled call that listens may take to stop (see
+    /// [`cancel_grace`](Self::cancel_grace)).
+    pub fn cancel_grace(mut self, grace: Duration) -> Self {
+        self.cancel_grace = grace;
+        self
+    }
+
+    /// The attempt timeout in force: [`attempt_timeout`](Self::attempt_timeout), else the
+    /// transaction timeout in exactly-once mode, else none.
+    pub fn effective_attempt_timeout(&self) -> Option<Duration> {
+        self.attempt_timeout.or_else(|| self.exactly_once_settings().map(|eo| eo.transaction_timeout))
     }
 
     /// Sets the retry policy for transient failures.
@@ -340,6 +386,12 @@ impl PipelineConfig {
                     ),
                 ));
             }
+            if let Some(t) = self.attempt_timeout.filter(|t| *t > eo.transaction_timeout) {
+                return Err(ConfigError::new(
+                    "attempt_timeout",
+                    format!("{t:?} must not exceed delivery.transaction_timeout ({:?})", eo.transaction_timeout),
+                ));
+            }
             if eo.transactional_id.as_ref().is_some_and(|id| id.trim().is_empty()) {
                 return Err(ConfigError::new("delivery.transactional_id", "must not be empty when set"));
             }
@@ -357,6 +409,9 @@ impl PipelineConfig {
         }
         if self.stall_timeout < Duration::from_secs(1) {
             return Err(ConfigError::new("stall_timeout", format!("{:?} must be at least 1 s", self.stall_timeout)));
+        }
+        if self.attempt_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(ConfigError::new("attempt_timeout", "must be above zero when set"));
         }
         if self.startup_timeout.is_some_and(|t| t.is_zero()) {
             return Err(ConfigError::new("startup_timeout", "must be above zero when set"));
@@ -440,6 +495,12 @@ mod tests {
             (ok().exactly_once(ExactlyOnce::default().transactional_id(" ")), "delivery.transactional_id"),
             (ok().stall_timeout(Duration::from_millis(999)), "stall_timeout"),
             (ok().startup_timeout(Duration::ZERO), "startup_timeout"),
+            (ok().attempt_timeout(Duration::ZERO), "attempt_timeout"),
+            (
+                ok().exactly_once(ExactlyOnce::default().transaction_timeout(Duration::from_secs(5)))
+                    .attempt_timeout(Duration::from_secs(6)),
+                "attempt_timeout",
+            ),
             (ok().exactly_once(ExactlyOnce::default()).producer_property("transactional.id", "x"), "transactional.id"),
         ];
         for (config, field) in cases {

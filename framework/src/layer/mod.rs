@@ -117,33 +117,47 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
     use std::time::Duration;
 
-    /// Fails its first `failures` calls (transiently, or permanently), then succeeds; counts calls.
+    /// How a failing call fails.
+    #[derive(Clone, Copy)]
+    enum Fail {
+        Transient,
+        Permanent,
+        Hang,
+        /// Waits for `ctx.cancelled()`, counts it, and returns an error.
+        Listen,
+    }
+
+    /// Fails its first `failures` calls (transiently, permanently, or by never returning), then
+    /// succeeds; counts calls.
     struct Flaky {
         failures: u32,
-        permanent: bool,
+        how: Fail,
         calls: AtomicU32,
+        saw_cancel: AtomicU32,
     }
 
     impl Processor for Flaky {
-        async fn process(&self, _: &Record, _: &Context) -> Result<(), ProcessError> {
+        async fn process(&self, _: &Record, ctx: &Context) -> Result<(), ProcessError> {
             let n = self.calls.fetch_add(1, Relaxed) + 1;
-            match (n <= self.failures, self.permanent) {
+            match (n <= self.failures, self.how) {
                 (false, _) => Ok(()),
-                (true, false) => Err(ProcessError::transient("not yet")),
-                (true, true) => Err(ProcessError::permanent("never")),
+                (true, Fail::Transient) => Err(ProcessError::transient("not yet")),
+                (true, Fail::Permanent) => Err(ProcessError::permanent("never")),
+                (true, Fail::Hang) => std::future::pending().await,
+                (true, Fail::Listen) => {
+                    ctx.cancelled().await;
+                    self.saw_cancel.fetch_add(1, Relaxed);
+                    Err(ProcessError::transient("stopped on cancel"))
+                }
             }
         }
     }
 
-    fn shared(
-        failures: u32,
-        permanent: bool,
-        config: impl FnOnce(PipelineConfig) -> PipelineConfig,
-    ) -> Arc<Shared<Flaky>> {
+    fn shared(failures: u32, how: Fail, config: impl FnOnce(PipelineConfig) -> PipelineConfig) -> Arc<Shared<Flaky>> {
         let retry =
             RetryPolicy { max_attempts: 3, base_delay: Duration::from_millis(1), max_delay: Duration::from_millis(2) };
         let config = config(PipelineConfig::new("127.0.0.1:1", "layers", ["t"]).retry(retry));
-        let processor = Flaky { failures, permanent, calls: AtomicU32::new(0) };
+        let processor = Flaky { failures, how, calls: AtomicU32::new(0), saw_cancel: AtomicU32::new(0) };
         Pipeline::new(config, processor).expect("clients are created without a broker").shared
     }
 
@@ -167,7 +181,7 @@ mod tests {
 
     #[tokio::test]
     async fn transient_failures_are_retried_until_done() {
-        let s = shared(2, false, |c| c);
+        let s = shared(2, Fail::Transient, |c| c);
         let done = run_one(&s, &record(0, "a"), &CancellationToken::new()).await;
         assert!(matches!(done.outcome, Outcome::Done(_)), "{done:?}");
         assert_eq!((s.processor.calls.load(Relaxed), s.telemetry.stats.retries.load(Relaxed)), (3, 2));
@@ -175,7 +189,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failure_for_good_stays_failed_with_the_dlq_off() {
-        let s = shared(1, true, |c| c.dlq(DlqConfig { enabled: false, ..DlqConfig::default() }));
+        let s = shared(1, Fail::Permanent, |c| c.dlq(DlqConfig { enabled: false, ..DlqConfig::default() }));
         let done = run_one(&s, &record(0, "a"), &CancellationToken::new()).await;
         let Outcome::Failed(failure) = done.outcome else { panic!("{done:?}") };
         assert_eq!((failure.kind, failure.attempts), (crate::dlq::DlqErrorKind::Permanent, 1), "permanent: no retry");
@@ -183,17 +197,55 @@ mod tests {
 
     #[tokio::test]
     async fn exhausted_retries_end_the_record_transient_exhausted() {
-        let s = shared(10, false, |c| c.dlq(DlqConfig { enabled: false, ..DlqConfig::default() }));
+        let s = shared(10, Fail::Transient, |c| c.dlq(DlqConfig { enabled: false, ..DlqConfig::default() }));
         let done = run_one(&s, &record(0, "a"), &CancellationToken::new()).await;
         let Outcome::Failed(failure) = done.outcome else { panic!("{done:?}") };
         assert_eq!((failure.kind, failure.attempts), (crate::dlq::DlqErrorKind::TransientExhausted, 3));
     }
 
     #[tokio::test]
+    async fn a_call_past_the_attempt_timeout_is_cancelled_retried_then_ends_timeout() {
+        let limit = Duration::from_millis(30);
+        let no_dlq = DlqConfig { enabled: false, ..DlqConfig::default() };
+        let s = shared(1, Fail::Hang, |c| c.attempt_timeout(limit).dlq(no_dlq.clone()));
+        let started = std::time::Instant::now();
+        let done = run_one(&s, &record(0, "a"), &CancellationToken::new()).await;
+        assert!(matches!(done.outcome, Outcome::Done(_)), "the retry after the timeout succeeds: {done:?}");
+        assert!(started.elapsed() >= limit, "the hung call was given its {limit:?}");
+        assert_eq!((s.processor.calls.load(Relaxed), s.telemetry.stats.retries.load(Relaxed)), (2, 1));
+
+        let s = shared(10, Fail::Hang, |c| c.attempt_timeout(limit).dlq(no_dlq));
+        let done = run_one(&s, &record(0, "a"), &CancellationToken::new()).await;
+        let Outcome::Failed(failure) = done.outcome else { panic!("{done:?}") };
+        assert_eq!((failure.kind, failure.attempts), (crate::dlq::DlqErrorKind::Timeout, 3), "{failure:?}");
+        assert!(failure.message.contains("timed out after 30ms"), "{}", failure.message);
+    }
+
+    #[tokio::test]
+    async fn a_timed_out_call_that_listens_sees_cancelled_and_one_that_does_not_gets_no_grace() {
+        let (limit, grace) = (Duration::from_millis(30), Duration::from_secs(2));
+        let no_dlq = DlqConfig { enabled: false, ..DlqConfig::default() };
+        let config = |c: PipelineConfig| c.attempt_timeout(limit).cancel_grace(grace).dlq(no_dlq.clone());
+        let s = shared(10, Fail::Listen, config);
+        let started = std::time::Instant::now();
+        let done = run_one(&s, &record(0, "a"), &CancellationToken::new()).await;
+        let Outcome::Failed(failure) = done.outcome else { panic!("{done:?}") };
+        assert_eq!((failure.kind, failure.attempts), (crate::dlq::DlqErrorKind::Timeout, 3), "{failure:?}");
+        assert_eq!(s.processor.saw_cancel.load(Relaxed), 3, "each attempt saw ctx.cancelled()");
+        assert!(started.elapsed() < grace, "a call that stops on cancel is not waited for: {:?}", started.elapsed());
+
+        let s = shared(10, Fail::Hang, config);
+        let started = std::time::Instant::now();
+        let done = run_one(&s, &record(0, "a"), &CancellationToken::new()).await;
+        assert!(matches!(done.outcome, Outcome::Failed(_)), "{done:?}");
+        assert!(started.elapsed() < grace, "a call that never asks is dropped at once: {:?}", started.elapsed());
+    }
+
+    #[tokio::test]
     async fn a_key_processed_once_is_a_duplicate_after() {
         let dir =
             std::env::temp_dir().join(format!("millrace-layers-{}-{:x}", std::process::id(), rand::random::<u32>()));
-        let s = shared(0, false, |c| c.dedup(DedupConfig { changelog: false, ..DedupConfig::new(&dir) }));
+        let s = shared(0, Fail::Transient, |c| c.dedup(DedupConfig { changelog: false, ..DedupConfig::new(&dir) }));
         let cancel = CancellationToken::new();
         assert!(matches!(run_one(&s, &record(0, "order-1"), &cancel).await.outcome, Outcome::Done(_)));
         assert!(matches!(run_one(&s, &record(1, "order-1"), &cancel).await.outcome, Outcome::Duplicate));
@@ -206,7 +258,7 @@ mod tests {
     #[tokio::test]
     async fn an_open_breaker_holds_records_until_cancelled() {
         let breaker = crate::CircuitBreakerConfig { enabled: true, max_consecutive: 1, ..Default::default() };
-        let s = shared(0, false, |c| c.circuit_breaker(breaker));
+        let s = shared(0, Fail::Transient, |c| c.circuit_breaker(breaker));
         assert!(s.breaker.record(1, true, &s.telemetry), "one dead-lettered record trips it");
         let cancel = CancellationToken::new();
         let stop = cancel.clone();

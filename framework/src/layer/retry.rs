@@ -1,6 +1,7 @@
 //! Layer 4, retry: the attempt loop around the processor call. Each attempt takes a concurrency
 //! permit, runs the processor, awaits its outputs' acknowledgements and catches a panic as a
-//! permanent failure; transient failures are retried under the [`RetryPolicy`](crate::RetryPolicy)
+//! permanent failure, and cancels a call that runs past the attempt timeout (a transient failure);
+//! transient failures are retried under the [`RetryPolicy`](crate::RetryPolicy)
 //! until it says stop.
 
 use crate::clock::now_ms;
@@ -11,7 +12,7 @@ use crate::layer::Outcome;
 use crate::processor::Processor;
 use crate::record::Record;
 use crate::shared::Shared;
-use crate::telemetry::events::{ProcessorPanicked, RetryScheduled};
+use crate::telemetry::events::{AttemptTimedOut, ProcessorPanicked, RetryScheduled};
 use crate::trace::TraceContext;
 use futures::FutureExt;
 use std::panic::AssertUnwindSafe;
@@ -31,6 +32,7 @@ pub(crate) async fn attempt_until_done<P: Processor>(
     let mut attempt = 1;
     let mut first_failure_ms = None;
     let trace = TraceContext::of(&record.headers);
+    let time_limit = shared.config.effective_attempt_timeout();
     loop {
         let ctx =
             Context::new(attempt, epoch, idempotency_key.map(<[u8]>::to_vec), trace.clone(), shared.handles.clone());
@@ -45,12 +47,36 @@ pub(crate) async fn attempt_until_done<P: Processor>(
         // outputs await their acknowledgement or a retry waits out its backoff.
         let Some(permit) = permit(&shared.concurrency).await else { return Ok(Outcome::Abandoned) };
         let started = Instant::now();
-        let processed = AssertUnwindSafe(shared.processor.process(record, &ctx).instrument(span)).catch_unwind().await;
+        let processed = {
+            let mut call = std::pin::pin!(
+                AssertUnwindSafe(shared.processor.process(record, &ctx).instrument(span)).catch_unwind()
+            );
+            // `timeout` polls the call first and arms its timer only if the call is still pending.
+            match time_limit {
+                None => Some(call.await),
+                Some(limit) => match tokio::time::timeout(limit, call.as_mut()).await {
+                    Ok(done) => Some(done),
+                    Err(_) => {
+                        // Past its time: cancelled either way; a handler that listens gets the grace
+                        // to stop cleanly, then (like one that does not) its future is dropped.
+                        if ctx.cancel() {
+                            let _ = tokio::time::timeout(shared.config.cancel_grace, call).await;
+                        }
+                        None
+                    }
+                },
+            }
+        };
         drop(permit);
         let result = match processed {
-            Ok(Ok(())) => ctx.acknowledged().await.map_err(ProcessError::from),
-            Ok(Err(e)) => Err(e),
-            Err(panic) => {
+            None => {
+                let after = time_limit.unwrap_or_default();
+                AttemptTimedOut { record, attempt, after }.emit(&shared.telemetry);
+                Err(ProcessError::timed_out(after))
+            }
+            Some(Ok(Ok(()))) => ctx.acknowledged().await.map_err(ProcessError::from),
+            Some(Ok(Err(e))) => Err(e),
+            Some(Err(panic)) => {
                 ProcessorPanicked.emit(&shared.telemetry);
                 Err(ProcessError::panic(format!("processor panicked: {}", panic_message(&*panic))))
             }
@@ -72,6 +98,7 @@ pub(crate) async fn attempt_until_done<P: Processor>(
             let kind = match error.cause() {
                 Cause::Panic => DlqErrorKind::Panic,
                 Cause::Decode => DlqErrorKind::Decode,
+                Cause::Timeout => DlqErrorKind::Timeout,
                 Cause::Processor if error.is_transient() => DlqErrorKind::TransientExhausted,
                 Cause::Processor => DlqErrorKind::Permanent,
             };

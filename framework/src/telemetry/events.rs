@@ -2,7 +2,7 @@
 //! logged, counted in [`Stats`](crate::Stats) and recorded as a metric.
 
 use super::Telemetry;
-use super::instruments::{DEAD_LETTERED, RETRIES};
+use super::instruments::{ATTEMPT_TIMEOUTS, DEAD_LETTERED, RETRIES};
 use crate::dlq::Failure;
 use crate::record::Record;
 use crate::stats::Stats;
@@ -25,6 +25,25 @@ impl RetryScheduled<'_> {
         tracing::warn!(
             pipeline = %t.name, topic = %r.topic, partition = r.partition, offset = r.offset,
             attempt = self.attempt, delay = ?self.delay, error = %self.error, "transient failure; retrying"
+        );
+    }
+}
+
+/// A processor call ran past the attempt timeout and was cancelled (a transient failure).
+pub(crate) struct AttemptTimedOut<'a> {
+    pub(crate) record: &'a Record,
+    pub(crate) attempt: u32,
+    pub(crate) after: Duration,
+}
+
+impl AttemptTimedOut<'_> {
+    pub(crate) fn emit(self, t: &Telemetry) {
+        let r = self.record;
+        t.metrics.count(ATTEMPT_TIMEOUTS, "topic", r.topic.to_string());
+        tracing::warn!(
+            pipeline = %t.name, topic = %r.topic, partition = r.partition, offset = r.offset,
+            key = r.key_str().unwrap_or_default(), attempt = self.attempt, after = ?self.after,
+            "processor call ran past attempt_timeout; cancelled"
         );
     }
 }

@@ -55,6 +55,7 @@ const GAUGES: [(&str, &str, Field); 9] = [
 const READY: &str = "millrace_ready";
 pub(crate) const DEAD_LETTERED: &str = "millrace_dead_lettered_total";
 pub(crate) const RETRIES: &str = "millrace_retries_total";
+pub(crate) const ATTEMPT_TIMEOUTS: &str = "millrace_attempt_timeouts_total";
 const ATTEMPT: &str = "millrace_attempt_duration_seconds";
 const LATENCY: &str = "millrace_record_latency_seconds";
 const COMMIT: &str = "millrace_commit_duration_seconds";
@@ -78,6 +79,7 @@ fn describe() {
         describe_counter!(DEAD_LETTERED, "Records written to the DLQ, by kind (permanent, transient-exhausted, ...).");
         describe_gauge!(READY, "1 when the pipeline is ready (see /health/ready for the reasons when not).");
         describe_counter!(RETRIES, "Retries scheduled after transient failures.");
+        describe_counter!(ATTEMPT_TIMEOUTS, "Processor calls cancelled for running past attempt_timeout.");
         describe_histogram!(
             ATTEMPT,
             Unit::Seconds,
