@@ -291,11 +291,7 @@ async fn avro_poison_corpus_lands_in_the_dlq_once_with_bytes_and_schema_id() -> 
     let (stop, stats) = (pipeline.shutdown_token(), pipeline.stats());
     let run = tokio::spawn(pipeline.run());
     tokio::time::timeout(Duration::from_secs(60), seen.wait_for(|v| v.len() >= next as usize)).await??;
-    let ends = end_offsets(&topic, 1)?;
-    eventually("the group to commit past every record", Duration::from_secs(30), || {
-        Ok((committed_offsets(&group, &topic, 1)? == ends).then_some(()))
-    })
-    .await?;
+    committed_to_end(&group, &topic, 1, Duration::from_secs(30)).await?;
     stop.cancel();
     run.await??;
 

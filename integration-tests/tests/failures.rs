@@ -103,11 +103,7 @@ async fn poison_corpus_lands_in_the_dlq_byte_identical_and_the_partition_keeps_f
     let started = Instant::now();
     let run = tokio::spawn(pipeline.run());
     tokio::time::timeout(Duration::from_secs(60), processed.wait_for(|v| v.len() as u64 >= good)).await??;
-    let ends = end_offsets(&topic, 1)?;
-    eventually("the group to commit past every record", Duration::from_secs(30), || {
-        Ok((committed_offsets(&group, &topic, 1)? == ends).then_some(()))
-    })
-    .await?;
+    committed_to_end(&group, &topic, 1, Duration::from_secs(30)).await?;
     stop.cancel();
     run.await??;
     let s = stats.snapshot();

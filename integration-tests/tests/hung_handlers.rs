@@ -125,11 +125,7 @@ async fn a_hung_handler_is_cancelled_at_the_attempt_timeout_and_dead_lettered_as
     let run = tokio::spawn(pipeline.run());
 
     tokio::time::timeout(Duration::from_secs(60), processed.wait_for(|v| v.len() >= RECORDS - 1)).await??;
-    let ends = end_offsets(&topic, 1)?;
-    eventually("the group to commit past every record", Duration::from_secs(30), || {
-        Ok((committed_offsets(&group, &topic, 1)? == ends).then_some(()))
-    })
-    .await?;
+    committed_to_end(&group, &topic, 1, Duration::from_secs(30)).await?;
     stop.cancel();
     run.await??;
 
@@ -162,17 +158,13 @@ async fn exactly_once_a_hung_handler_holds_back_no_other_output_and_its_own_is_n
     let config = PipelineConfig::new(bootstrap(), &group, [&topic])
         .ordering(ProcessingOrder::Key)
         .exactly_once(ExactlyOnce::default())
-        .attempt_timeout(Duration::from_secs(1))
+        .attempt_timeout(Duration::from_secs(2))
         .retry(quick_retries());
     let pipeline = Pipeline::new(config, processor)?;
     let stop = pipeline.shutdown_token();
     let run = tokio::spawn(pipeline.run());
 
-    let ends = end_offsets(&topic, 2)?;
-    eventually("the group to commit past every record", Duration::from_secs(60), || {
-        Ok((committed_offsets(&group, &topic, 2)? == ends).then_some(()))
-    })
-    .await?;
+    committed_to_end(&group, &topic, 2, Duration::from_secs(60)).await?;
     stop.cancel();
     run.await??;
 

@@ -56,6 +56,16 @@ pub async fn eventually_despite_errors<T>(
     poll_until(what, timeout, true, check).await
 }
 
+/// Waits until `group` has committed every record of `topic`: its committed offsets equal the
+/// partitions' end offsets as read now (polled like [`eventually`]).
+pub async fn committed_to_end(group: &str, topic: &str, partitions: i32, timeout: Duration) -> Result<()> {
+    let ends = end_offsets(topic, partitions)?;
+    eventually(&format!("group {group} to commit to the end of {topic}"), timeout, || {
+        Ok((committed_offsets(group, topic, partitions)? == ends).then_some(()))
+    })
+    .await
+}
+
 /// Polls `check` every 50 ms until it returns `Some` or `timeout` passes; an error ends the wait
 /// unless `tolerate_errors`, when it counts as "not yet" and the last one is reported at the end.
 async fn poll_until<T>(

@@ -53,30 +53,26 @@ pub(crate) async fn attempt_until_done<P: Processor>(
             );
             // `timeout` polls the call first and arms its timer only if the call is still pending.
             match time_limit {
-                None => Some(call.await),
+                None => call.await,
                 Some(limit) => match tokio::time::timeout(limit, call.as_mut()).await {
-                    Ok(done) => Some(done),
+                    Ok(done) => done,
                     Err(_) => {
                         // Past its time: cancelled either way; a handler that listens gets the grace
                         // to stop cleanly, then (like one that does not) its future is dropped.
                         if ctx.cancel() {
                             let _ = tokio::time::timeout(shared.config.cancel_grace, call).await;
                         }
-                        None
+                        AttemptTimedOut { record, attempt, after: limit }.emit(&shared.telemetry);
+                        Ok(Err(ProcessError::timed_out(limit)))
                     }
                 },
             }
         };
         drop(permit);
         let result = match processed {
-            None => {
-                let after = time_limit.unwrap_or_default();
-                AttemptTimedOut { record, attempt, after }.emit(&shared.telemetry);
-                Err(ProcessError::timed_out(after))
-            }
-            Some(Ok(Ok(()))) => ctx.acknowledged().await.map_err(ProcessError::from),
-            Some(Ok(Err(e))) => Err(e),
-            Some(Err(panic)) => {
+            Ok(Ok(())) => ctx.acknowledged().await.map_err(ProcessError::from),
+            Ok(Err(e)) => Err(e),
+            Err(panic) => {
                 ProcessorPanicked.emit(&shared.telemetry);
                 Err(ProcessError::panic(format!("processor panicked: {}", panic_message(&*panic))))
             }
