@@ -28,8 +28,60 @@ pub struct Context {
     pending: Mutex<Vec<(String, DeliveryFuture)>>,
     buffered: Mutex<Vec<OutputRecord>>,
     /// Made on the first [`cancelled`](Self::cancelled) or [`is_cancelled`](Self::is_cancelled):
-    /// an attempt whose handler never asks is dropped at its timeout without a grace period.
+    /// an attempt whose handler never asks is dropped when it is cancelled, without a grace period.
     cancel: OnceLock<CancellationToken>,
+    reason: OnceLock<CancelReason>,
+}
+
+/// Why an attempt was cancelled (see [`Context::cancelled`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CancelReason {
+    /// The attempt ran past [`attempt_timeout`](crate::PipelineConfig::attempt_timeout): it counts
+    /// as a transient failure (retried, then dead-lettered with kind `timeout`).
+    Timeout,
+    /// The record's partition was revoked (or lost) and the call was still running at the end of
+    /// [`drain_timeout`](crate::PipelineConfig::drain_timeout): the partition's next owner
+    /// processes the record again.
+    Revoked,
+    /// The pipeline is shutting down and the call was still running at the end of
+    /// [`drain_timeout`](crate::PipelineConfig::drain_timeout): the record is redelivered after a
+    /// restart.
+    Shutdown,
+}
+
+impl CancelReason {
+    /// The reason's label in metrics: `timeout`, `revoked` or `shutdown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelReason::Timeout => "timeout",
+            CancelReason::Revoked => "revoked",
+            CancelReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// A partition task's drain deadline: fired when a revoke's or a shutdown's
+/// [`drain_timeout`](crate::PipelineConfig::drain_timeout) ends, it cancels every attempt of the
+/// partition still inside the processor.
+#[derive(Default)]
+pub(crate) struct DrainDeadline {
+    token: CancellationToken,
+    reason: OnceLock<CancelReason>,
+}
+
+impl DrainDeadline {
+    /// Fires the deadline (the first reason given is kept).
+    pub(crate) fn fire(&self, reason: CancelReason) {
+        let _ = self.reason.set(reason);
+        self.token.cancel();
+    }
+
+    /// Resolves with the reason once the deadline fired.
+    pub(crate) async fn reached(&self) -> CancelReason {
+        self.token.cancelled().await;
+        *self.reason.get().unwrap_or(&CancelReason::Shutdown)
+    }
 }
 
 /// What every context shares: the producer for outputs and the shutdown signal.
@@ -61,15 +113,21 @@ impl Context {
             pending: Mutex::new(Vec::new()),
             buffered: Mutex::new(Vec::new()),
             cancel: OnceLock::new(),
+            reason: OnceLock::new(),
         }
     }
 
     /// Resolves when this attempt is cancelled: it ran past
-    /// [`attempt_timeout`](crate::PipelineConfig::attempt_timeout). A handler that awaits it (or
-    /// checks [`is_cancelled`](Self::is_cancelled)) gets
+    /// [`attempt_timeout`](crate::PipelineConfig::attempt_timeout), or its partition was revoked or
+    /// the pipeline is shutting down and the call was still running when
+    /// [`drain_timeout`](crate::PipelineConfig::drain_timeout) ended ([`cancel_reason`](Self::cancel_reason)
+    /// says which). A handler that awaits it gets
     /// [`cancel_grace`](crate::PipelineConfig::cancel_grace) to stop cleanly (roll back, release a
-    /// lock) before its future is dropped; one that never asks is dropped at the timeout. The
-    /// attempt counts as timed out either way, whatever it returns.
+    /// lock) before its future is dropped; one that never asked is dropped at once. Whatever the
+    /// call returns after this, it is not the record's result: a timeout counts as a transient
+    /// failure, a revoked or shut-down record is left uncommitted and processed again (by the
+    /// partition's next owner, or after a restart). Outputs emitted after it fired are never
+    /// committed in exactly-once mode; at-least-once they may already have been produced.
     ///
     /// ```no_run
     /// use millrace::{Context, ProcessError, Processor, Record};
@@ -95,12 +153,20 @@ impl Context {
 
     /// True once this attempt is cancelled (see [`cancelled`](Self::cancelled)).
     pub fn is_cancelled(&self) -> bool {
-        self.cancel.get_or_init(CancellationToken::new).is_cancelled()
+        // Asking makes the token: a handler that checks gets the grace period too.
+        self.cancel.get_or_init(CancellationToken::new);
+        self.reason.get().is_some()
     }
 
-    /// Cancels the attempt; true when its handler listens (asked for the signal), so it is worth
-    /// giving it a grace period.
-    pub(crate) fn cancel(&self) -> bool {
+    /// Why this attempt was cancelled, once it is (see [`cancelled`](Self::cancelled)).
+    pub fn cancel_reason(&self) -> Option<CancelReason> {
+        self.reason.get().copied()
+    }
+
+    /// Cancels the attempt; true when its handler listens (awaits [`cancelled`](Self::cancelled)),
+    /// so it is worth giving it a grace period.
+    pub(crate) fn cancel(&self, reason: CancelReason) -> bool {
+        let _ = self.reason.set(reason);
         self.cancel.get().inspect(|t| t.cancel()).is_some()
     }
 

@@ -70,6 +70,7 @@
 //! }
 //! ```
 
+mod blocking;
 mod breaker;
 mod clock;
 mod cluster;
@@ -105,7 +106,7 @@ pub mod typed;
 mod watchdog;
 
 pub use config::{Bounds, CircuitBreakerConfig, Delivery, DlqConfig, ExactlyOnce, PipelineConfig, ProcessingOrder};
-pub use context::Context;
+pub use context::{CancelReason, Context};
 pub use dedup::{DedupConfig, DedupFallback};
 pub use error::{ConfigError, EmitError, Error, FailureKind, ProcessError, ResultExt};
 pub use kafka::produce::delivery_offset;

@@ -14,6 +14,7 @@
 //! such poll); when one partition reaches its own bound that partition is paused until it drains to
 //! half.
 
+use crate::blocking::Blocking;
 use crate::breaker::Breaker;
 use crate::cluster::{self, TopicWatch};
 use crate::commit::Committer;
@@ -149,6 +150,7 @@ impl<P: Processor> Pipeline<P> {
             admin: Arc::new(admin),
             dlq_topics: Mutex::default(),
             breaker,
+            blocking: Arc::new(Blocking::new(config.blocked_poll_threshold)),
             log,
             processor,
             concurrency: Semaphore::new(config.bounds.max_concurrency),
@@ -187,13 +189,19 @@ impl<P: Processor> Pipeline<P> {
     pub async fn run(self) -> Result<RunSummary, Error> {
         let Pipeline { shared, consumer, stop, http } = self;
         let runtime = tokio::runtime::Handle::current();
-        // The listener serves until `run` returns (dropping `_served` stops it).
+        // The listener and the blocked-call detector run until `run` returns (dropping `_served`
+        // stops them).
         let served = CancellationToken::new();
         let _served = served.clone().drop_guard();
         if let Some(listener) = http {
-            crate::telemetry::http::serve(listener, shared.telemetry.clone(), served)
+            crate::telemetry::http::serve(listener, shared.telemetry.clone(), served.clone())
                 .map_err(|e| Error::Runtime(format!("cannot serve HTTP: {e}")))?;
         }
+        // Stops with the listener, when `run` returns.
+        shared
+            .blocking
+            .start(shared.telemetry.clone(), served.clone())
+            .map_err(|e| Error::Runtime(format!("cannot start the blocked-call detector: {e}")))?;
         let starter: Starter = {
             let (shared, runtime) = (shared.clone(), runtime.clone());
             Box::new(move |topic, partition, epoch| partition::start(&shared, &runtime, topic, partition, epoch))

@@ -1,6 +1,7 @@
 //! What the poll thread and the partition tasks share: the processor, the configuration, the
 //! clients, and the run-time state of the layers and of backpressure.
 
+use crate::blocking::Blocking;
 use crate::breaker::Breaker;
 use crate::config::PipelineConfig;
 use crate::context::RuntimeHandles;
@@ -34,6 +35,8 @@ pub(crate) struct Shared<P> {
     /// DLQ topics known to exist in this run.
     pub(crate) dlq_topics: Mutex<HashSet<String>>,
     pub(crate) breaker: Arc<Breaker>,
+    /// Watches processor polls for calls that block their thread.
+    pub(crate) blocking: Arc<Blocking>,
     pub(crate) log: Arc<KafkaLog>,
     /// The dedup store, when on.
     pub(crate) dedup: Option<Arc<Dedup>>,

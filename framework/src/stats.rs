@@ -19,6 +19,8 @@ pub struct Stats {
     pub(crate) breaker_trips: AtomicU64,
     pub(crate) retries: AtomicU64,
     pub(crate) panics: AtomicU64,
+    pub(crate) attempts_cancelled: AtomicU64,
+    pub(crate) attempts_dropped: AtomicU64,
     /// Records and bytes in flight: counted by the partition handles, bounded by
     /// [`Backpressure`](crate::state::backpressure::Backpressure), read here for the snapshot only.
     pub(crate) in_flight: Arc<InFlight>,
@@ -39,6 +41,7 @@ pub struct Stats {
     pub(crate) fenced_recoveries: AtomicU64,
     pub(crate) committed_outputs: AtomicU64,
     pub(crate) stalled_partitions: AtomicU64,
+    pub(crate) blocked_calls: AtomicU64,
     pub(crate) cluster_unreachable: AtomicU64,
     pub(crate) missing_topics: AtomicU64,
     /// When the poll thread last turned (ms since the epoch): the liveness probe.
@@ -75,6 +78,12 @@ pub struct StatsSnapshot {
     pub retries: u64,
     /// Processor panics caught.
     pub panics: u64,
+    /// Processor calls cancelled: past `attempt_timeout`, or still running when a revoke's or a
+    /// shutdown's `drain_timeout` ended (by reason in `millrace_attempts_cancelled_total`).
+    pub attempts_cancelled: u64,
+    /// Cancelled calls whose future was dropped without returning (they never listened to
+    /// `ctx.cancelled()`, or ran past `cancel_grace`).
+    pub attempts_dropped: u64,
     /// Polled records not yet finished (queued in lanes or running).
     pub in_flight: u64,
     /// Highest `in_flight` seen.
@@ -123,6 +132,9 @@ pub struct StatsSnapshot {
     /// (see [`PipelineConfig::stall_timeout`](crate::PipelineConfig::stall_timeout)); each was
     /// logged once at error level.
     pub stalled_partitions: u64,
+    /// Processor calls blocking their thread now: one poll running longer than
+    /// `blocked_poll_threshold` (see [`crate::blocking`]).
+    pub blocked_calls: u64,
     /// Whether no broker can be reached now (from start-up until the first broker answers, and
     /// later while every broker connection is down).
     pub cluster_unreachable: bool,
@@ -147,6 +159,8 @@ impl Stats {
             breaker_trips: self.breaker_trips.load(Relaxed),
             retries: self.retries.load(Relaxed),
             panics: self.panics.load(Relaxed),
+            attempts_cancelled: self.attempts_cancelled.load(Relaxed),
+            attempts_dropped: self.attempts_dropped.load(Relaxed),
             in_flight: self.in_flight.records(),
             in_flight_peak: self.in_flight.peak(),
             buffered_bytes: self.in_flight.bytes(),
@@ -167,6 +181,7 @@ impl Stats {
             fenced_recoveries: self.fenced_recoveries.load(Relaxed),
             committed_outputs: self.committed_outputs.load(Relaxed),
             stalled_partitions: self.stalled_partitions.load(Relaxed),
+            blocked_calls: self.blocked_calls.load(Relaxed),
             cluster_unreachable: self.cluster_unreachable.load(Relaxed) != 0,
             missing_topics: self.missing_topics.load(Relaxed),
         }

@@ -55,7 +55,9 @@ pub struct PipelineConfig {
     /// Also commit as soon as this many records finished since the last commit (off by default).
     pub commit_every_records: Option<u64>,
     /// How long a revoke or a shutdown waits for running records before committing what is done.
-    /// Must stay below `max.poll.interval.ms` (and should stay below `session.timeout.ms`).
+    /// Calls still running then are cancelled ([`Context::cancelled`](crate::Context::cancelled)
+    /// fires), given [`cancel_grace`](Self::cancel_grace), and dropped; their records are processed
+    /// again. Must stay below `max.poll.interval.ms` (and should stay below `session.timeout.ms`).
     pub drain_timeout: Duration,
     /// How long one processor call may run before it is cancelled (its future dropped at its next
     /// await) and counted as a transient failure: retried under [`retry`](Self::retry), then
@@ -65,9 +67,11 @@ pub struct PipelineConfig {
     /// transaction would), and a set value may not exceed it. See
     /// [`attempt_timeout`](Self::attempt_timeout) for what happens to a cancelled call's outputs.
     pub attempt_timeout: Option<Duration>,
-    /// How long a timed-out call that listens for [`Context::cancelled`](crate::Context::cancelled)
-    /// may take to stop before its future is dropped. Default 1 s. (A revoke or shutdown still waits
-    /// at most `drain_timeout` for running calls.)
+    /// How long a cancelled call (past [`attempt_timeout`](Self::attempt_timeout), or still running
+    /// when a revoke's or a shutdown's [`drain_timeout`](Self::drain_timeout) ends) that listens for
+    /// [`Context::cancelled`](crate::Context::cancelled) may take to stop before its future is
+    /// dropped. Default 1 s. At a revoke the grace runs after the partition was committed and
+    /// released, so it does not lengthen the rebalance.
     pub cancel_grace: Duration,
     /// Retries of transient failures.
     pub retry: RetryPolicy,
@@ -92,6 +96,10 @@ pub struct PipelineConfig {
     /// the cluster may be unreachable before that is logged at error level. Default 60 s, at least
     /// 1 s. See [`stall_timeout`](Self::stall_timeout) for what counts as a stall.
     pub stall_timeout: Duration,
+    /// How long one poll of a processor call may hold its thread (no await) before it is reported
+    /// as blocking (see [`blocked_poll_threshold`](Self::blocked_poll_threshold)). Default 1 s, at
+    /// least 100 ms.
+    pub blocked_poll_threshold: Duration,
     /// How long `run()` tries to reach the cluster at start-up before failing with
     /// [`Error::Unreachable`](crate::Error::Unreachable). `None` (default): retry until it answers or
     /// the pipeline is stopped, as Kafka clients do.
@@ -137,6 +145,7 @@ impl PipelineConfig {
             consumer: BTreeMap::new(),
             producer: BTreeMap::new(),
             stall_timeout: Duration::from_secs(60),
+            blocked_poll_threshold: Duration::from_secs(1),
             startup_timeout: None,
             fail_on_missing_topic: false,
             http: None,
@@ -410,6 +419,10 @@ impl PipelineConfig {
         if self.stall_timeout < Duration::from_secs(1) {
             return Err(ConfigError::new("stall_timeout", format!("{:?} must be at least 1 s", self.stall_timeout)));
         }
+        if self.blocked_poll_threshold < Duration::from_millis(100) {
+            let threshold = self.blocked_poll_threshold;
+            return Err(ConfigError::new("blocked_poll_threshold", format!("{threshold:?} must be at least 100 ms")));
+        }
         if self.attempt_timeout.is_some_and(|t| t.is_zero()) {
             return Err(ConfigError::new("attempt_timeout", "must be above zero when set"));
         }
@@ -495,6 +508,7 @@ mod tests {
             (ok().exactly_once(ExactlyOnce::default().transactional_id(" ")), "delivery.transactional_id"),
             (ok().stall_timeout(Duration::from_millis(999)), "stall_timeout"),
             (ok().startup_timeout(Duration::ZERO), "startup_timeout"),
+            (ok().blocked_poll_threshold(Duration::from_millis(99)), "blocked_poll_threshold"),
             (ok().attempt_timeout(Duration::ZERO), "attempt_timeout"),
             (
                 ok().exactly_once(ExactlyOnce::default().transaction_timeout(Duration::from_secs(5)))

@@ -1,4 +1,4 @@
-//! The settings an operator tunes: stall and start-up reporting, missing topics, the HTTP listener.
+//! The settings an operator tunes: stall, blocked-call and start-up reporting, missing topics, the HTTP listener.
 
 use super::PipelineConfig;
 use std::net::SocketAddr;
@@ -31,6 +31,30 @@ impl PipelineConfig {
     /// ```
     pub fn stall_timeout(mut self, timeout: Duration) -> Self {
         self.stall_timeout = timeout;
+        self
+    }
+
+    /// Sets how long one poll of a processor call may hold its thread before it is reported.
+    ///
+    /// A call that blocks its thread without reaching an await (a blocking client, a long
+    /// computation, `std::thread::sleep`) cannot be timed out, cancelled or dropped: it freezes every
+    /// key of its partition and ties up a runtime worker. One poll longer than this is logged once
+    /// at error level with the record's topic, partition, offset and attempt, counted in
+    /// [`StatsSnapshot::blocked_calls`](crate::StatsSnapshot::blocked_calls) (the
+    /// `millrace_blocked_calls` gauge) and makes `/health/ready` fail, until it returns. Move such
+    /// work to `tokio::task::spawn_blocking` (or a thread pool of its own) and await it.
+    ///
+    /// ```
+    /// use millrace::PipelineConfig;
+    /// use std::time::Duration;
+    ///
+    /// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"]);
+    /// assert!(config.clone().blocked_poll_threshold(Duration::from_millis(250)).validate().is_ok());
+    /// let bad = config.blocked_poll_threshold(Duration::from_millis(10));
+    /// assert_eq!(bad.validate().unwrap_err().field, "blocked_poll_threshold");
+    /// ```
+    pub fn blocked_poll_threshold(mut self, threshold: Duration) -> Self {
+        self.blocked_poll_threshold = threshold;
         self
     }
 

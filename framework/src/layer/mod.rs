@@ -24,6 +24,7 @@ use crate::processor::Processor;
 use crate::record::{OutputRecord, Record};
 use crate::shared::Shared;
 use crate::state::pending::PendingOutputs;
+pub(crate) use retry::CallScope;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -69,6 +70,7 @@ pub(crate) async fn process<P: Processor>(
     epoch: u64,
     record: &Record,
     cancel: &CancellationToken,
+    scope: &CallScope,
 ) -> Processed {
     // 1. The circuit breaker.
     if !breaker::closed(shared, cancel).await {
@@ -84,11 +86,11 @@ pub(crate) async fn process<P: Processor>(
     };
     // 3. Dedup, around 4 and 5.
     let (outcome, dedup_key) = match dedup::check(shared, pending, record, cancel).await {
-        dedup::Check::Off => (run(shared, epoch, record, None, cancel).await, None),
+        dedup::Check::Off => (run(shared, epoch, record, None, cancel, scope).await, None),
         dedup::Check::Abandoned => (Outcome::Abandoned, None),
         dedup::Check::Duplicate => (Outcome::Duplicate, None),
         dedup::Check::Fresh(held) => {
-            let outcome = run(shared, epoch, record, Some(held.key()), cancel).await;
+            let outcome = run(shared, epoch, record, Some(held.key()), cancel, scope).await;
             held.after(shared, record, outcome, cancel).await
         }
     };
@@ -102,8 +104,9 @@ async fn run<P: Processor>(
     record: &Record,
     idempotency_key: Option<&[u8]>,
     cancel: &CancellationToken,
+    scope: &CallScope,
 ) -> Outcome {
-    match retry::attempt_until_done(shared, epoch, record, idempotency_key, cancel).await {
+    match retry::attempt_until_done(shared, epoch, record, idempotency_key, cancel, scope).await {
         Ok(outcome) => outcome,
         Err(failure) => dlq::failed(shared, record, failure, cancel).await,
     }
@@ -134,6 +137,7 @@ mod tests {
         how: Fail,
         calls: AtomicU32,
         saw_cancel: AtomicU32,
+        last_reason: std::sync::Mutex<Option<crate::CancelReason>>,
     }
 
     impl Processor for Flaky {
@@ -147,6 +151,7 @@ mod tests {
                 (true, Fail::Listen) => {
                     ctx.cancelled().await;
                     self.saw_cancel.fetch_add(1, Relaxed);
+                    *self.last_reason.lock().unwrap() = ctx.cancel_reason();
                     Err(ProcessError::transient("stopped on cancel"))
                 }
             }
@@ -157,7 +162,13 @@ mod tests {
         let retry =
             RetryPolicy { max_attempts: 3, base_delay: Duration::from_millis(1), max_delay: Duration::from_millis(2) };
         let config = config(PipelineConfig::new("127.0.0.1:1", "layers", ["t"]).retry(retry));
-        let processor = Flaky { failures, how, calls: AtomicU32::new(0), saw_cancel: AtomicU32::new(0) };
+        let processor = Flaky {
+            failures,
+            how,
+            calls: AtomicU32::new(0),
+            saw_cancel: AtomicU32::new(0),
+            last_reason: Default::default(),
+        };
         Pipeline::new(config, processor).expect("clients are created without a broker").shared
     }
 
@@ -176,7 +187,8 @@ mod tests {
     }
 
     async fn run_one(shared: &Arc<Shared<Flaky>>, record: &Record, cancel: &CancellationToken) -> Processed {
-        process(shared, &PendingOutputs::new(Default::default()), 1, record, cancel).await
+        let scope = CallScope::new(shared.blocking.slot("t".into(), 0));
+        process(shared, &PendingOutputs::new(Default::default()), 1, record, cancel, &scope).await
     }
 
     #[tokio::test]
@@ -239,6 +251,33 @@ mod tests {
         let done = run_one(&s, &record(0, "a"), &CancellationToken::new()).await;
         assert!(matches!(done.outcome, Outcome::Failed(_)), "{done:?}");
         assert!(started.elapsed() < grace, "a call that never asks is dropped at once: {:?}", started.elapsed());
+    }
+
+    #[tokio::test]
+    async fn a_call_running_at_the_drain_deadline_is_cancelled_and_its_record_left_unfinished() {
+        let grace = Duration::from_secs(2);
+        for how in [Fail::Listen, Fail::Hang] {
+            let s = shared(10, how, |c| c.cancel_grace(grace));
+            let scope = Arc::new(CallScope::new(s.blocking.slot("t".into(), 0)));
+            let fire = scope.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                fire.drain.fire(crate::CancelReason::Revoked);
+            });
+            let started = std::time::Instant::now();
+            let pending = PendingOutputs::new(Default::default());
+            let (r, cancel) = (record(0, "a"), CancellationToken::new());
+            let call = process(&s, &pending, 1, &r, &cancel, &scope);
+            let done = tokio::time::timeout(Duration::from_secs(5), call).await.expect("the deadline ends the call");
+            assert!(matches!(done.outcome, Outcome::Abandoned), "not retried, not dead-lettered: {done:?}");
+            assert!(started.elapsed() < grace, "no wait past the call's end: {:?}", started.elapsed());
+            assert_eq!(s.processor.calls.load(Relaxed), 1);
+            let stats = s.telemetry.stats.snapshot();
+            let listened = matches!(how, Fail::Listen);
+            assert_eq!((stats.attempts_cancelled, stats.attempts_dropped), (1, u64::from(!listened)));
+            let seen = *s.processor.last_reason.lock().unwrap();
+            assert_eq!(seen, listened.then_some(crate::CancelReason::Revoked));
+        }
     }
 
     #[tokio::test]

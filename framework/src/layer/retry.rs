@@ -1,33 +1,38 @@
 //! Layer 4, retry: the attempt loop around the processor call. Each attempt takes a concurrency
 //! permit, runs the processor, awaits its outputs' acknowledgements and catches a panic as a
-//! permanent failure, and cancels a call that runs past the attempt timeout (a transient failure);
+//! permanent failure, and cancels a call that runs past the attempt timeout (a transient failure) or
+//! past its partition's drain deadline (left unfinished);
 //! transient failures are retried under the [`RetryPolicy`](crate::RetryPolicy)
 //! until it says stop.
 
+use crate::blocking::Slot;
 use crate::clock::now_ms;
-use crate::context::Context;
+use crate::context::{CancelReason, Context, DrainDeadline};
 use crate::dlq::{DlqErrorKind, Failure};
 use crate::error::{Cause, ProcessError};
 use crate::layer::Outcome;
 use crate::processor::Processor;
 use crate::record::Record;
 use crate::shared::Shared;
-use crate::telemetry::events::{AttemptTimedOut, ProcessorPanicked, RetryScheduled};
+use crate::telemetry::events::{AttemptCancelled, AttemptTimedOut, ProcessorPanicked, RetryScheduled};
 use crate::trace::TraceContext;
 use futures::FutureExt;
 use std::panic::AssertUnwindSafe;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 /// Runs `record` through the processor until it succeeds (`Ok`), fails for good (`Err` with how), or
-/// `cancel` (shutdown, revoke) interrupts a backoff (`Ok(Outcome::Abandoned)`).
+/// `cancel` (shutdown, revoke) interrupts a backoff or the scope's drain deadline (the end of a
+/// revoke's or shutdown's drain) a call (`Ok(Outcome::Abandoned)`).
 pub(crate) async fn attempt_until_done<P: Processor>(
     shared: &Shared<P>,
     epoch: u64,
     record: &Record,
     idempotency_key: Option<&[u8]>,
     cancel: &CancellationToken,
+    scope: &CallScope,
 ) -> Result<Outcome, Failure> {
     let mut attempt = 1;
     let mut first_failure_ms = None;
@@ -47,25 +52,19 @@ pub(crate) async fn attempt_until_done<P: Processor>(
         // outputs await their acknowledgement or a retry waits out its backoff.
         let Some(permit) = permit(&shared.concurrency).await else { return Ok(Outcome::Abandoned) };
         let started = Instant::now();
-        let processed = {
-            let mut call = std::pin::pin!(
-                AssertUnwindSafe(shared.processor.process(record, &ctx).instrument(span)).catch_unwind()
-            );
-            // `timeout` polls the call first and arms its timer only if the call is still pending.
-            match time_limit {
-                None => call.await,
-                Some(limit) => match tokio::time::timeout(limit, call.as_mut()).await {
-                    Ok(done) => done,
-                    Err(_) => {
-                        // Past its time: cancelled either way; a handler that listens gets the grace
-                        // to stop cleanly, then (like one that does not) its future is dropped.
-                        if ctx.cancel() {
-                            let _ = tokio::time::timeout(shared.config.cancel_grace, call).await;
-                        }
-                        AttemptTimedOut { record, attempt, after: limit }.emit(&shared.telemetry);
-                        Ok(Err(ProcessError::timed_out(limit)))
-                    }
-                },
+        let call = AssertUnwindSafe(shared.processor.process(record, &ctx).instrument(span)).catch_unwind();
+        let call = shared.blocking.watch(&scope.slot, record.offset, attempt, call);
+        let processed = match bounded(call, &ctx, time_limit, &scope.drain, shared.config.cancel_grace).await {
+            Ok(returned) => returned,
+            Err((reason, dropped)) => {
+                AttemptCancelled { record, attempt, reason, dropped }.emit(&shared.telemetry);
+                if reason != CancelReason::Timeout {
+                    // Revoked or shut down: whatever the call did is not this record's result.
+                    return Ok(Outcome::Abandoned);
+                }
+                let limit = time_limit.expect("a timeout has a time limit");
+                AttemptTimedOut { record, attempt, after: limit }.emit(&shared.telemetry);
+                Ok(Err(ProcessError::timed_out(limit)))
             }
         };
         drop(permit);
@@ -113,6 +112,54 @@ pub(crate) async fn attempt_until_done<P: Processor>(
         }
         attempt += 1;
     }
+}
+
+/// What a partition task gives each of its processor calls: the drain deadline that cancels them
+/// and the slot that watches their polls for blocking ([`crate::blocking`]).
+pub(crate) struct CallScope {
+    pub(crate) drain: DrainDeadline,
+    pub(crate) slot: Arc<Slot>,
+}
+
+impl CallScope {
+    pub(crate) fn new(slot: Arc<Slot>) -> Self {
+        Self { drain: DrainDeadline::default(), slot }
+    }
+}
+
+/// Runs a processor call until it returns, runs past `time_limit`, or its partition's drain deadline
+/// fires. Cancelled either way (`Err` with why, and whether the future was dropped without
+/// returning): a handler that listens to `ctx.cancelled()` gets `grace` to stop cleanly, then
+/// (like one that does not) its future is dropped. A result it returns after the cancellation is
+/// ignored: one deadline, one meaning.
+async fn bounded<F: Future>(
+    call: F,
+    ctx: &Context,
+    time_limit: Option<Duration>,
+    drain: &DrainDeadline,
+    grace: Duration,
+) -> Result<F::Output, (CancelReason, bool)> {
+    let mut call = std::pin::pin!(call);
+    let until_drained = async {
+        // The call is polled first: one that is ready never registers with the deadline.
+        tokio::select! {
+            biased;
+            done = call.as_mut() => Ok(done),
+            reason = drain.reached() => Err(reason),
+        }
+    };
+    // `timeout` polls the call first and arms its timer only if the call is still pending.
+    let cut = match time_limit {
+        None => until_drained.await,
+        Some(limit) => tokio::time::timeout(limit, until_drained).await.unwrap_or(Err(CancelReason::Timeout)),
+    };
+    let reason = match cut {
+        Ok(done) => return Ok(done),
+        Err(reason) => reason,
+    };
+    let listens = ctx.cancel(reason);
+    let returned = listens && tokio::time::timeout(grace, call).await.is_ok();
+    Err((reason, !returned))
 }
 
 /// A concurrency permit. `try_acquire` first: `acquire().await` spends Tokio's cooperative budget,

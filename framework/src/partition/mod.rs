@@ -10,9 +10,12 @@
 //! in an atomic that the poll thread reads when it commits.
 //!
 //! A task stops on [`Command::Stop`]: on revoke it drops queued records and waits for running ones,
-//! on shutdown it first finishes queued records too; either way until a deadline. Records still
-//! running after the deadline finish in the background, but nothing reads this task's offsets any
-//! more: the handle was removed from the assignment, so their completions are never committed (I5).
+//! on shutdown it first finishes queued records too; either way until a deadline. At the deadline
+//! the poll thread commits what completed, and calls still inside the processor are cancelled
+//! (`ctx.cancelled()` fires with reason revoked or shutdown), given `cancel_grace`, then dropped;
+//! whatever they return is ignored, and nothing reads this task's offsets any more: the handle was
+//! removed from the assignment, so no later completion is committed (I5). A call that blocks its
+//! thread cannot be dropped; the poll thread stops waiting for it one second past the deadline.
 
 mod handle;
 mod task;

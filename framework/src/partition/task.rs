@@ -3,8 +3,9 @@
 
 use super::{Command, LaneId, PartitionHandle};
 use crate::config::ProcessingOrder;
+use crate::context::CancelReason;
 use crate::dedup::changelog;
-use crate::layer::{self, Outcome, Processed};
+use crate::layer::{self, CallScope, Outcome, Processed};
 use crate::processor::Processor;
 use crate::record::Record;
 use crate::shared::Shared;
@@ -51,6 +52,8 @@ struct Finished {
 struct Stopping {
     deadline: Instant,
     done: Option<std::sync::mpsc::SyncSender<bool>>,
+    /// What a call still running at the deadline is told.
+    reason: CancelReason,
 }
 
 struct PartitionTask<P> {
@@ -74,6 +77,9 @@ struct TaskCtx<P> {
     epoch: u64,
     /// Cancelled on revoke, at the stop deadline and at shutdown: retries and DLQ produces give up.
     cancel: CancellationToken,
+    /// Its drain deadline, fired at the stop deadline: calls still inside the processor are
+    /// cancelled (and dropped); and its slot in the blocked-call detector.
+    scope: CallScope,
 }
 
 /// Outcomes and releases of one batch of work, added to the shared counters together.
@@ -109,7 +115,9 @@ impl<P: Processor> PartitionTask<P> {
     fn new(shared: Arc<Shared<P>>, handle: Arc<PartitionHandle>) -> Self {
         let ordering = shared.config.ordering;
         let cancel = shared.handles.shutdown.child_token();
-        let ctx = Arc::new(TaskCtx { shared: shared.clone(), handle: handle.clone(), epoch: handle.epoch, cancel });
+        let scope = CallScope::new(shared.blocking.slot(handle.topic.clone(), handle.partition));
+        let ctx =
+            Arc::new(TaskCtx { shared: shared.clone(), handle: handle.clone(), epoch: handle.epoch, cancel, scope });
         Self {
             shared,
             handle,
@@ -132,11 +140,15 @@ impl<P: Processor> PartitionTask<P> {
                 if (idle || Instant::now() >= stop.deadline)
                     && let Some(done) = stop.done.take()
                 {
+                    let reason = stop.reason;
                     // The poll thread commits what is done now; nothing after this is read.
                     self.flush_tally();
                     let _ = done.send(idle);
                     self.drop_queued();
                     self.ctx.cancel.cancel();
+                    // Calls still running are cancelled, given their grace, then dropped; the task
+                    // ends when the last has.
+                    self.ctx.scope.drain.fire(reason);
                 }
                 if idle {
                     // Refuse further batches and release the ones that arrived after the stop.
@@ -172,13 +184,15 @@ impl<P: Processor> PartitionTask<P> {
                             self.drop_queued();
                             self.ctx.cancel.cancel();
                         }
-                        self.stopping = Some(Stopping { deadline, done: Some(done) });
+                        let reason = if finish_queued { CancelReason::Shutdown } else { CancelReason::Revoked };
+                        self.stopping = Some(Stopping { deadline, done: Some(done), reason });
                     }
                     None => {
                         // The handle is gone without a stop (the pipeline was dropped).
                         self.drop_queued();
                         let (done, _) = std::sync::mpsc::sync_channel(1);
-                        self.stopping = Some(Stopping { deadline: Instant::now(), done: Some(done) });
+                        let reason = CancelReason::Shutdown;
+                        self.stopping = Some(Stopping { deadline: Instant::now(), done: Some(done), reason });
                     }
                 },
                 Some(finished) = running.next(), if !running.is_empty() => {
@@ -245,9 +259,9 @@ impl<P: Processor> PartitionTask<P> {
     fn process(&self, (lane, record): (LaneId, Record)) -> impl Future<Output = Finished> + Send + use<P> {
         let ctx = self.ctx.clone();
         async move {
-            let TaskCtx { shared, handle, epoch, cancel } = &*ctx;
+            let TaskCtx { shared, handle, epoch, cancel, scope } = &*ctx;
             let Processed { outcome, dedup_key, alone } =
-                layer::process(shared, &handle.pending, *epoch, &record, cancel).await;
+                layer::process(shared, &handle.pending, *epoch, &record, cancel, scope).await;
             Finished { lane, offset: record.offset, bytes: record.byte_len() as u64, outcome, dedup_key, alone }
         }
     }

@@ -2,7 +2,8 @@
 //! logged, counted in [`Stats`](crate::Stats) and recorded as a metric.
 
 use super::Telemetry;
-use super::instruments::{ATTEMPT_TIMEOUTS, DEAD_LETTERED, RETRIES};
+use super::instruments::{ATTEMPT_TIMEOUTS, ATTEMPTS_CANCELLED, ATTEMPTS_DROPPED, DEAD_LETTERED, RETRIES};
+use crate::context::CancelReason;
 use crate::dlq::Failure;
 use crate::record::Record;
 use crate::stats::Stats;
@@ -45,6 +46,37 @@ impl AttemptTimedOut<'_> {
             key = r.key_str().unwrap_or_default(), attempt = self.attempt, after = ?self.after,
             "processor call ran past attempt_timeout; cancelled"
         );
+    }
+}
+
+/// A processor call was cancelled ([`CancelReason`]): past its attempt timeout (after
+/// [`AttemptTimedOut`]), or still running at its partition's drain deadline.
+pub(crate) struct AttemptCancelled<'a> {
+    pub(crate) record: &'a Record,
+    pub(crate) attempt: u32,
+    pub(crate) reason: CancelReason,
+    /// It did not return by itself: it never listened to `ctx.cancelled()`, or ran past the grace.
+    pub(crate) dropped: bool,
+}
+
+impl AttemptCancelled<'_> {
+    pub(crate) fn emit(self, t: &Telemetry) {
+        let r = self.record;
+        Stats::bump(&t.stats.attempts_cancelled);
+        t.metrics.count2(ATTEMPTS_CANCELLED, ("topic", r.topic.to_string()), ("reason", self.reason.as_str()));
+        if self.dropped {
+            Stats::bump(&t.stats.attempts_dropped);
+            t.metrics.count(ATTEMPTS_DROPPED, "topic", r.topic.to_string());
+        }
+        if self.reason != CancelReason::Timeout {
+            tracing::warn!(
+                pipeline = %t.name, topic = %r.topic, partition = r.partition, offset = r.offset,
+                key = r.key_str().unwrap_or_default(), attempt = self.attempt, reason = self.reason.as_str(),
+                dropped = self.dropped,
+                "processor call still running at the partition's drain deadline; cancelled, the record is left \
+                 uncommitted"
+            );
+        }
     }
 }
 

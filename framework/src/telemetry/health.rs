@@ -29,6 +29,9 @@ impl Telemetry {
         if s.stalled_partitions > 0 {
             reasons.push(format!("{} owned partition(s) stalled", s.stalled_partitions));
         }
+        if s.blocked_calls > 0 {
+            reasons.push(format!("{} processor call(s) blocking their thread", s.blocked_calls));
+        }
         if s.missing_topics > 0 {
             reasons.push(format!("{} input topic(s) missing", s.missing_topics));
         }

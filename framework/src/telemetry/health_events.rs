@@ -150,3 +150,36 @@ impl TransactionsStopped<'_> {
         tracing::error!(pipeline = %t.name, error = %self.cause, "{}: this instance stops committing", self.error);
     }
 }
+
+/// A processor call has held its thread (one poll, no await) for at least `at_least`: it cannot
+/// be cancelled, and its partition's task is frozen until it returns ([`crate::blocking`]).
+pub(crate) struct CallBlocking<'a> {
+    pub(crate) topic: &'a str,
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+    pub(crate) attempt: u32,
+    pub(crate) at_least: Duration,
+}
+
+impl CallBlocking<'_> {
+    pub(crate) fn emit(self, t: &Telemetry) {
+        tracing::error!(
+            pipeline = %t.name, topic = %self.topic, partition = self.partition, offset = self.offset,
+            attempt = self.attempt, blocked_for = ?self.at_least,
+            "processor call blocks its thread (no await): it cannot be cancelled, and its partition waits for it"
+        );
+    }
+}
+
+/// A call reported by [`CallBlocking`] returned from its poll.
+pub(crate) struct CallUnblocked<'a> {
+    pub(crate) topic: &'a str,
+    pub(crate) partition: i32,
+}
+
+impl CallUnblocked<'_> {
+    pub(crate) fn emit(self, t: &Telemetry) {
+        tracing::info!(pipeline = %t.name, topic = %self.topic, partition = self.partition,
+            "blocking processor call returned");
+    }
+}

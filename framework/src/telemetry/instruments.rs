@@ -40,13 +40,14 @@ const COUNTERS: [(&str, &str, Field); 17] = [
 ];
 
 /// Gauges copied from [`StatsSnapshot`] (name, help, field).
-const GAUGES: [(&str, &str, Field); 9] = [
+const GAUGES: [(&str, &str, Field); 10] = [
     ("millrace_in_flight_records", "Records polled and not finished.", |s| s.in_flight),
     ("millrace_in_flight_bytes", "Bytes of the in-flight records.", |s| s.buffered_bytes),
     ("millrace_running_records", "Records started and not finished.", |s| s.running),
     ("millrace_assigned_partitions", "Partitions owned now.", |s| s.assigned_partitions),
     ("millrace_paused_partitions", "Partitions paused by backpressure or the breaker now.", |s| s.paused_partitions),
     ("millrace_stalled_partitions", "Owned partitions reported stalled now.", |s| s.stalled_partitions),
+    ("millrace_blocked_calls", "Processor calls blocking their thread (no await) now.", |s| s.blocked_calls),
     ("millrace_missing_topics", "Input topics that do not exist now.", |s| s.missing_topics),
     ("millrace_breaker_open", "1 while the DLQ circuit breaker is open.", |s| u64::from(s.breaker_open)),
     ("millrace_cluster_reachable", "0 while no broker can be reached.", |s| u64::from(!s.cluster_unreachable)),
@@ -56,6 +57,8 @@ const READY: &str = "millrace_ready";
 pub(crate) const DEAD_LETTERED: &str = "millrace_dead_lettered_total";
 pub(crate) const RETRIES: &str = "millrace_retries_total";
 pub(crate) const ATTEMPT_TIMEOUTS: &str = "millrace_attempt_timeouts_total";
+pub(crate) const ATTEMPTS_CANCELLED: &str = "millrace_attempts_cancelled_total";
+pub(crate) const ATTEMPTS_DROPPED: &str = "millrace_attempts_dropped_total";
 const ATTEMPT: &str = "millrace_attempt_duration_seconds";
 const LATENCY: &str = "millrace_record_latency_seconds";
 const COMMIT: &str = "millrace_commit_duration_seconds";
@@ -80,6 +83,14 @@ fn describe() {
         describe_gauge!(READY, "1 when the pipeline is ready (see /health/ready for the reasons when not).");
         describe_counter!(RETRIES, "Retries scheduled after transient failures.");
         describe_counter!(ATTEMPT_TIMEOUTS, "Processor calls cancelled for running past attempt_timeout.");
+        describe_counter!(
+            ATTEMPTS_CANCELLED,
+            "Processor calls cancelled, by reason (timeout; revoked or shutdown: still running when drain_timeout ended)."
+        );
+        describe_counter!(
+            ATTEMPTS_DROPPED,
+            "Cancelled processor calls dropped without returning (not listening to ctx.cancelled(), or past cancel_grace)."
+        );
         describe_histogram!(
             ATTEMPT,
             Unit::Seconds,
@@ -135,6 +146,18 @@ impl Instruments {
     /// A counter of this pipeline with one more label (rare events: registered when used).
     pub(crate) fn count(&self, name: &'static str, label: &'static str, value: impl Into<metrics::SharedString>) {
         counter!(name, "pipeline" => self.pipeline.clone(), "group" => self.group.clone(), label => value).increment(1);
+    }
+
+    /// A counter of this pipeline with two more labels (rare events: registered when used).
+    pub(crate) fn count2(
+        &self,
+        name: &'static str,
+        (label1, value1): (&'static str, String),
+        (label2, value2): (&'static str, &'static str),
+    ) {
+        counter!(name, "pipeline" => self.pipeline.clone(), "group" => self.group.clone(),
+            label1 => value1, label2 => value2)
+        .increment(1);
     }
 
     /// A per-partition gauge of this pipeline.
