@@ -82,6 +82,7 @@ pub mod dedup;
 pub mod dlq;
 pub mod envelope;
 pub mod error;
+mod limit;
 pub mod guarantees {
     #![doc = include_str!("../../docs/guarantees.md")]
 }
@@ -105,7 +106,9 @@ mod transaction;
 pub mod typed;
 mod watchdog;
 
-pub use config::{Bounds, CircuitBreakerConfig, Delivery, DlqConfig, ExactlyOnce, PipelineConfig, ProcessingOrder};
+pub use config::{
+    Bounds, CircuitBreakerConfig, Delivery, DlqConfig, ExactlyOnce, PipelineConfig, ProcessingOrder, RateLimit,
+};
 pub use context::{CancelReason, Context};
 pub use dedup::{DedupConfig, DedupFallback};
 pub use error::{ConfigError, EmitError, Error, FailureKind, ProcessError, ResultExt};

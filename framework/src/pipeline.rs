@@ -27,6 +27,7 @@ use crate::kafka::config::{
 };
 use crate::kafka::log::{KafkaLog, Producer, ProducerHooks};
 use crate::kafka::txn_producer::TxnClient;
+use crate::limit::RateLimiter;
 use crate::partition;
 use crate::poll::PollLoop;
 pub use crate::poll::RunSummary;
@@ -151,6 +152,7 @@ impl<P: Processor> Pipeline<P> {
             dlq_topics: Mutex::default(),
             breaker,
             blocking: Arc::new(Blocking::new(config.blocked_poll_threshold)),
+            rate_limit: config.rate_limit.map(RateLimiter::new),
             log,
             processor,
             concurrency: Semaphore::new(config.bounds.max_concurrency),

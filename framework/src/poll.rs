@@ -121,7 +121,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
         let mut breaker_paused = false;
         let mut producer_ready = true;
         while !self.stop.is_cancelled() {
-            // The DLQ circuit breaker pauses every partition while open (newly assigned ones too).
+            // The circuit breaker pauses every partition while open (newly assigned ones too).
             if self.shared.breaker.tripped() && self.shared.breaker.is_open(&self.shared.telemetry) {
                 self.flush(&mut batches);
                 let all: Vec<_> = self.hooks().lock().handles().cloned().collect();
@@ -310,7 +310,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
 
     /// Resumes paused partitions that drained to half their bound.
     fn resume_drained(&self) {
-        if self.shared.breaker.tripped() {
+        if self.shared.breaker.pausing() {
             return; // the circuit breaker holds everything paused
         }
         let half = self.shared.config.bounds.max_in_flight_per_partition / 2;

@@ -7,6 +7,7 @@ use crate::config::PipelineConfig;
 use crate::context::RuntimeHandles;
 use crate::dedup::runtime::Dedup;
 use crate::kafka::log::KafkaLog;
+use crate::limit::RateLimiter;
 use crate::rejected::Rejections;
 use crate::state::backpressure::Backpressure;
 use crate::telemetry::Telemetry;
@@ -37,6 +38,8 @@ pub(crate) struct Shared<P> {
     pub(crate) breaker: Arc<Breaker>,
     /// Watches processor polls for calls that block their thread.
     pub(crate) blocking: Arc<Blocking>,
+    /// The rate limit on processor calls, when set.
+    pub(crate) rate_limit: Option<RateLimiter>,
     pub(crate) log: Arc<KafkaLog>,
     /// The dedup store, when on.
     pub(crate) dedup: Option<Arc<Dedup>>,

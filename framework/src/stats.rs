@@ -17,6 +17,8 @@ pub struct Stats {
     pub(crate) dlq_produce_failures: AtomicU64,
     pub(crate) breaker_open: AtomicU64,
     pub(crate) breaker_trips: AtomicU64,
+    pub(crate) breaker_probes: AtomicU64,
+    pub(crate) rate_limited: AtomicU64,
     pub(crate) retries: AtomicU64,
     pub(crate) panics: AtomicU64,
     pub(crate) attempts_cancelled: AtomicU64,
@@ -70,10 +72,15 @@ pub struct StatsSnapshot {
     pub dedup_restores: u64,
     /// DLQ produce attempts that failed (the record stayed unfinished and was retried).
     pub dlq_produce_failures: u64,
-    /// Whether the DLQ circuit breaker is open now (the pipeline is unhealthy and paused).
+    /// Whether the circuit breaker is open or half-open now (the pipeline is unhealthy; paused
+    /// while open, probing while half-open).
     pub breaker_open: bool,
-    /// Times the breaker tripped.
+    /// Times the breaker tripped (from closed).
     pub breaker_trips: u64,
+    /// Probes the half-open breaker ran to a verdict (a success closed it, a failure reopened it).
+    pub breaker_probes: u64,
+    /// Attempts that waited for the rate limit before their processor call.
+    pub rate_limited: u64,
     /// Retries scheduled after transient failures.
     pub retries: u64,
     /// Processor panics caught.
@@ -157,6 +164,8 @@ impl Stats {
             dlq_produce_failures: self.dlq_produce_failures.load(Relaxed),
             breaker_open: self.breaker_open.load(Relaxed) != 0,
             breaker_trips: self.breaker_trips.load(Relaxed),
+            breaker_probes: self.breaker_probes.load(Relaxed),
+            rate_limited: self.rate_limited.load(Relaxed),
             retries: self.retries.load(Relaxed),
             panics: self.panics.load(Relaxed),
             attempts_cancelled: self.attempts_cancelled.load(Relaxed),

@@ -362,6 +362,7 @@ async fn circuit_breaker_trips_on_a_burst_of_poison_and_reports_unhealthy() -> R
         max_dlq_share: 1.0,
         max_consecutive: 10,
         cooldown: Duration::from_secs(600),
+        ..CircuitBreakerConfig::default()
     };
     let config = PipelineConfig::new(bootstrap(), unique("breaker-group"), [&topic])
         .ordering(ProcessingOrder::Partition)

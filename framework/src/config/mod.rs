@@ -1,8 +1,10 @@
 //! Pipeline configuration, validated at start-up with the offending field named.
 
+mod downstream;
 mod operate;
 mod parts;
 
+pub use downstream::RateLimit;
 pub use parts::{Bounds, CircuitBreakerConfig, Delivery, DlqConfig, ExactlyOnce, ProcessingOrder};
 
 use crate::error::ConfigError;
@@ -112,6 +114,8 @@ pub struct PipelineConfig {
     /// Where the pipeline serves `/metrics`, `/health/live` and `/health/ready` (off unless set; see
     /// [`http`](Self::http)).
     pub http: Option<std::net::SocketAddr>,
+    /// Processor calls per second across the pipeline; off by default. See [`RateLimit`].
+    pub rate_limit: Option<RateLimit>,
 }
 
 const OWNED_PROPERTIES: [&str; 4] = ["enable.auto.commit", "enable.auto.offset.store", "group.id", "bootstrap.servers"];
@@ -149,6 +153,7 @@ impl PipelineConfig {
             startup_timeout: None,
             fail_on_missing_topic: false,
             http: None,
+            rate_limit: None,
         }
     }
 
@@ -364,18 +369,7 @@ impl PipelineConfig {
                 return Err(ConfigError::new("dedup.dir", "must name a directory"));
             }
         }
-        let cb = &self.circuit_breaker;
-        if cb.enabled {
-            if cb.window == 0 {
-                return Err(ConfigError::new("circuit_breaker.window", "must be at least 1"));
-            }
-            if !(cb.max_dlq_share > 0.0 && cb.max_dlq_share <= 1.0) {
-                return Err(ConfigError::new("circuit_breaker.max_dlq_share", "must be in (0, 1]"));
-            }
-            if cb.max_consecutive == 0 {
-                return Err(ConfigError::new("circuit_breaker.max_consecutive", "must be at least 1"));
-            }
-        }
+        self.validate_downstream()?;
         for (map, prefix) in [(&self.kafka, "kafka"), (&self.consumer, "consumer"), (&self.producer, "producer")] {
             if let Some(k) = map.keys().find(|k| OWNED_PROPERTIES.contains(&k.as_str())) {
                 return Err(ConfigError::new(
@@ -469,57 +463,4 @@ fn valid_topic_name(t: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ok() -> PipelineConfig {
-        PipelineConfig::new("localhost:9092", "g", ["t"])
-    }
-
-    #[test]
-    fn names_the_field_at_fault() {
-        let cases: Vec<(PipelineConfig, &str)> = vec![
-            (PipelineConfig::new(" ", "g", ["t"]), "bootstrap_servers"),
-            (PipelineConfig::new("b:1", "g", Vec::<String>::new()), "topics"),
-            (PipelineConfig::new("b:1", "g", ["bad topic!"]), "topics"),
-            (ok().bounds(Bounds { max_concurrency: 0, ..Bounds::default() }), "bounds.max_concurrency"),
-            (
-                ok().bounds(Bounds { max_in_flight_per_partition: 20, max_in_flight_total: 10, ..Bounds::default() }),
-                "bounds.max_in_flight_per_partition",
-            ),
-            (ok().commit_interval(Duration::ZERO), "commit_interval"),
-            (ok().commit_every_records(0), "commit_every_records"),
-            (ok().dlq(DlqConfig { topic: "{topic} dead".into(), ..DlqConfig::default() }), "dlq.topic"),
-            (ok().dlq(DlqConfig { topic: "t".into(), ..DlqConfig::default() }), "dlq.topic"),
-            (
-                ok().circuit_breaker(CircuitBreakerConfig { max_dlq_share: 1.5, ..CircuitBreakerConfig::default() }),
-                "circuit_breaker.max_dlq_share",
-            ),
-            (ok().consumer_property("enable.auto.commit", "true"), "consumer.enable.auto.commit"),
-            (ok().consumer_property("max.poll.interval.ms", "soon"), "max.poll.interval.ms"),
-            (
-                ok().consumer_property("max.poll.interval.ms", "5000").drain_timeout(Duration::from_secs(10)),
-                "drain_timeout",
-            ),
-            (
-                ok().exactly_once(ExactlyOnce::default().transaction_timeout(Duration::from_millis(150))),
-                "delivery.transaction_timeout",
-            ),
-            (ok().exactly_once(ExactlyOnce::default().transactional_id(" ")), "delivery.transactional_id"),
-            (ok().stall_timeout(Duration::from_millis(999)), "stall_timeout"),
-            (ok().startup_timeout(Duration::ZERO), "startup_timeout"),
-            (ok().blocked_poll_threshold(Duration::from_millis(99)), "blocked_poll_threshold"),
-            (ok().attempt_timeout(Duration::ZERO), "attempt_timeout"),
-            (
-                ok().exactly_once(ExactlyOnce::default().transaction_timeout(Duration::from_secs(5)))
-                    .attempt_timeout(Duration::from_secs(6)),
-                "attempt_timeout",
-            ),
-            (ok().exactly_once(ExactlyOnce::default()).producer_property("transactional.id", "x"), "transactional.id"),
-        ];
-        for (config, field) in cases {
-            assert_eq!(config.validate().unwrap_err().field, field, "{config:?}");
-        }
-        assert!(ok().validate().is_ok());
-    }
-}
+mod tests;

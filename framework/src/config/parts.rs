@@ -60,30 +60,57 @@ impl Default for DlqConfig {
     }
 }
 
-/// Stops a pipeline that would flood its DLQ (a broken downstream, a bad deploy).
+/// Stops a pipeline that would flood its DLQ (a broken deploy) or hammer a downstream that is down.
 ///
 /// It trips when more than `max_dlq_share` of a window of `window` finished records were
-/// dead-lettered, or after `max_consecutive` dead-lettered records in a row. While open, every
-/// partition is paused (the member stays in the group), the state is logged at error level and
-/// shown by [`StatsSnapshot::breaker_open`](crate::StatsSnapshot::breaker_open); after `cooldown` it
-/// closes again and consumption resumes (tripping again if the flood goes on).
+/// dead-lettered, after `max_consecutive` dead-lettered records in a row, or when more than
+/// `max_transient_share` of a window of `transient_window` attempts failed transiently (the
+/// processor returned a transient error or ran past `attempt_timeout`; failures of Millrace's own
+/// produces are not counted: librdkafka retries those). While open, every partition is paused (the
+/// member stays in the group), records already polled do not start and retries wait instead of
+/// churning; the state is logged at error level and shown by
+/// [`StatsSnapshot::breaker_open`](crate::StatsSnapshot::breaker_open). After `cooldown` it is
+/// half-open: consumption resumes and one attempt at a time, the probe, goes through. Its success
+/// closes the breaker; its failure opens it for another `cooldown`.
+///
+/// ```
+/// use millrace::{CircuitBreakerConfig, PipelineConfig};
+/// use std::time::Duration;
+///
+/// let breaker = CircuitBreakerConfig { max_transient_share: 0.5, cooldown: Duration::from_secs(10), ..Default::default() };
+/// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"]).circuit_breaker(breaker);
+/// assert!(config.validate().is_ok());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CircuitBreakerConfig {
     /// On by default.
     pub enabled: bool,
-    /// Finished records per evaluation window.
+    /// Finished records per evaluation window of the DLQ share.
     pub window: u32,
     /// Share of dead-lettered records in a window that trips the breaker (0.0–1.0).
     pub max_dlq_share: f64,
     /// Dead-lettered records in a row that trip the breaker.
     pub max_consecutive: u32,
-    /// How long consumption stays paused.
+    /// Share of transiently failed attempts in a window that trips the breaker (0.0–1.0; 0 turns
+    /// this trip off). Default 0.8.
+    pub max_transient_share: f64,
+    /// Ended attempts per evaluation window of the transient share. Default 200.
+    pub transient_window: u32,
+    /// How long consumption stays paused before the probe.
     pub cooldown: Duration,
 }
 
 impl Default for CircuitBreakerConfig {
     fn default() -> Self {
-        Self { enabled: true, window: 200, max_dlq_share: 0.5, max_consecutive: 100, cooldown: Duration::from_secs(30) }
+        Self {
+            enabled: true,
+            window: 200,
+            max_dlq_share: 0.5,
+            max_consecutive: 100,
+            max_transient_share: 0.8,
+            transient_window: 200,
+            cooldown: Duration::from_secs(30),
+        }
     }
 }
 

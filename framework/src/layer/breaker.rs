@@ -6,13 +6,8 @@ use crate::processor::Processor;
 use crate::shared::Shared;
 use tokio_util::sync::CancellationToken;
 
-/// Returns once the breaker is closed; `false` when `cancel` fired first.
+/// Returns once the breaker is no longer open (closed, or half-open: the retry layer's gate then
+/// lets one attempt probe); `false` when `cancel` fired first.
 pub(crate) async fn closed<P: Processor>(shared: &Shared<P>, cancel: &CancellationToken) -> bool {
-    if !shared.breaker.tripped() {
-        return true;
-    }
-    tokio::select! {
-        _ = shared.breaker.closed() => true,
-        _ = cancel.cancelled() => false,
-    }
+    !shared.breaker.tripped() || shared.breaker.admits(cancel).await
 }

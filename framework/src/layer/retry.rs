@@ -1,4 +1,5 @@
-//! Layer 4, retry: the attempt loop around the processor call. Each attempt takes a concurrency
+//! Layer 4, retry: the attempt loop around the processor call. Each attempt passes the circuit
+//! breaker's gate (one probe at a time while half-open) and the rate limit, takes a concurrency
 //! permit, runs the processor, awaits its outputs' acknowledgements and catches a panic as a
 //! permanent failure, and cancels a call that runs past the attempt timeout (a transient failure) or
 //! past its partition's drain deadline (left unfinished);
@@ -14,6 +15,7 @@ use crate::layer::Outcome;
 use crate::processor::Processor;
 use crate::record::Record;
 use crate::shared::Shared;
+use crate::stats::Stats;
 use crate::telemetry::events::{AttemptCancelled, AttemptTimedOut, ProcessorPanicked, RetryScheduled};
 use crate::trace::TraceContext;
 use futures::FutureExt;
@@ -48,6 +50,15 @@ pub(crate) async fn attempt_until_done<P: Processor>(
             key = record.key_str().unwrap_or_default(), attempt,
             trace_id = trace.as_ref().map_or("", TraceContext::trace_id),
             span_id = trace.as_ref().map_or("", TraceContext::span_id));
+        // A retry waits while the breaker is open instead of churning; half-open, one attempt probes.
+        let Some(probe) = shared.breaker.gate(cancel).await else { return Ok(Outcome::Abandoned) };
+        if let Some(limit) = &shared.rate_limit {
+            match limit.ready(cancel).await {
+                None => return Ok(Outcome::Abandoned),
+                Some(true) => Stats::bump(&shared.telemetry.stats.rate_limited),
+                Some(false) => {}
+            }
+        }
         // The concurrency bound counts records inside the processor: the permit is not held while
         // outputs await their acknowledgement or a retry waits out its backoff.
         let Some(permit) = permit(&shared.concurrency).await else { return Ok(Outcome::Abandoned) };
@@ -68,6 +79,12 @@ pub(crate) async fn attempt_until_done<P: Processor>(
             }
         };
         drop(permit);
+        // The breaker's transient trip counts the processor's own transient failures (a downstream
+        // that is down), not those of Millrace's produces below.
+        let transient = matches!(&processed, Ok(Err(e)) if e.is_transient());
+        if transient && shared.breaker.transient_failure(&shared.telemetry) {
+            shared.backpressure.wake(); // the poll thread pauses the partitions at once
+        }
         let result = match processed {
             Ok(Ok(())) => ctx.acknowledged().await.map_err(ProcessError::from),
             Ok(Err(e)) => Err(e),
@@ -76,6 +93,7 @@ pub(crate) async fn attempt_until_done<P: Processor>(
                 Err(ProcessError::panic(format!("processor panicked: {}", panic_message(&*panic))))
             }
         };
+        probe.finish(result.is_ok(), &shared.telemetry);
         let metrics = &shared.telemetry.metrics;
         metrics.attempt.record(started.elapsed().as_secs_f64());
         let error = match result {

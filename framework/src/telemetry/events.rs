@@ -242,7 +242,7 @@ impl InjectedAbort {
     }
 }
 
-/// The DLQ circuit breaker opened.
+/// The circuit breaker opened (from closed).
 pub(crate) struct BreakerTripped<'a> {
     pub(crate) reason: &'a str,
     pub(crate) cooldown: Duration,
@@ -254,17 +254,42 @@ impl BreakerTripped<'_> {
         t.stats.breaker_open.store(1, Relaxed);
         tracing::error!(
             pipeline = %t.name, reason = self.reason, cooldown = ?self.cooldown,
-            "DLQ circuit breaker open: pipeline unhealthy, consumption paused"
+            "circuit breaker open: pipeline unhealthy, consumption paused"
         );
     }
 }
 
-/// The DLQ circuit breaker closed after its cool-down.
+/// The breaker's cool-down passed: consumption resumes and the next attempt is its probe.
+pub(crate) struct BreakerHalfOpen;
+
+impl BreakerHalfOpen {
+    pub(crate) fn emit(self, t: &Telemetry) {
+        tracing::warn!(pipeline = %t.name, "circuit breaker half-open after its cool-down; one attempt probes");
+    }
+}
+
+/// The half-open breaker's probe failed: open again for another cool-down.
+pub(crate) struct BreakerProbeFailed {
+    pub(crate) cooldown: Duration,
+}
+
+impl BreakerProbeFailed {
+    pub(crate) fn emit(self, t: &Telemetry) {
+        Stats::bump(&t.stats.breaker_probes);
+        tracing::error!(
+            pipeline = %t.name, cooldown = ?self.cooldown,
+            "circuit breaker probe failed; open again, consumption paused"
+        );
+    }
+}
+
+/// The half-open breaker's probe succeeded: closed, the pipeline runs again.
 pub(crate) struct BreakerClosed;
 
 impl BreakerClosed {
     pub(crate) fn emit(self, t: &Telemetry) {
+        Stats::bump(&t.stats.breaker_probes);
         t.stats.breaker_open.store(0, Relaxed);
-        tracing::warn!(pipeline = %t.name, "DLQ circuit breaker closed after its cool-down; resuming");
+        tracing::warn!(pipeline = %t.name, "circuit breaker closed: its probe succeeded; running again");
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Once;
 
 /// Counters copied from [`StatsSnapshot`] (name, help, field).
 type Field = fn(&StatsSnapshot) -> u64;
-const COUNTERS: [(&str, &str, Field); 17] = [
+const COUNTERS: [(&str, &str, Field); 19] = [
     ("millrace_records_polled_total", "Records polled and handed to their partitions.", |s| s.polled),
     ("millrace_records_processed_total", "Records processed successfully (outputs acknowledged).", |s| s.processed),
     ("millrace_records_failed_total", "Records that failed for good with the DLQ off (left uncommitted).", |s| {
@@ -25,7 +25,11 @@ const COUNTERS: [(&str, &str, Field); 17] = [
     ("millrace_dedup_restored_entries_total", "Dedup entries restored from the changelog.", |s| s.dedup_restored),
     ("millrace_panics_total", "Processor panics caught (each fails its record permanently).", |s| s.panics),
     ("millrace_dlq_produce_failures_total", "DLQ produce attempts that failed (retried).", |s| s.dlq_produce_failures),
-    ("millrace_breaker_trips_total", "Times the DLQ circuit breaker opened.", |s| s.breaker_trips),
+    ("millrace_breaker_trips_total", "Times the circuit breaker opened (DLQ flood or transient storm).", |s| {
+        s.breaker_trips
+    }),
+    ("millrace_breaker_probes_total", "Probes the half-open circuit breaker ran.", |s| s.breaker_probes),
+    ("millrace_rate_limited_total", "Attempts that waited for the rate limit.", |s| s.rate_limited),
     ("millrace_partitions_assigned_total", "Partitions assigned to this member.", |s| s.assignments),
     ("millrace_partitions_revoked_total", "Partitions revoked from (or lost by) this member.", |s| s.revocations),
     ("millrace_commits_total", "Offset commits and transaction commits issued.", |s| s.commits),
@@ -49,7 +53,7 @@ const GAUGES: [(&str, &str, Field); 10] = [
     ("millrace_stalled_partitions", "Owned partitions reported stalled now.", |s| s.stalled_partitions),
     ("millrace_blocked_calls", "Processor calls blocking their thread (no await) now.", |s| s.blocked_calls),
     ("millrace_missing_topics", "Input topics that do not exist now.", |s| s.missing_topics),
-    ("millrace_breaker_open", "1 while the DLQ circuit breaker is open.", |s| u64::from(s.breaker_open)),
+    ("millrace_breaker_open", "1 while the circuit breaker is open or half-open.", |s| u64::from(s.breaker_open)),
     ("millrace_cluster_reachable", "0 while no broker can be reached.", |s| u64::from(!s.cluster_unreachable)),
 ];
 
