@@ -31,6 +31,33 @@ pub(crate) struct Blocking {
     slots: Mutex<Vec<Weak<Slot>>>,
 }
 
+pin_project_lite::pin_project! {
+    /// A processor call whose polls are noted in its task's [`Slot`] ([`Blocking::watch`]).
+    pub(crate) struct Watched<'a, F> {
+        #[pin]
+        call: F,
+        tick: &'a AtomicU64,
+        slot: &'a Slot,
+        offset: i64,
+        attempt: u32,
+    }
+}
+
+impl<F: Future> Future for Watched<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        let slot = *this.slot;
+        slot.offset.store(*this.offset, Relaxed);
+        slot.attempt.store(*this.attempt, Relaxed);
+        slot.since.store(this.tick.load(Relaxed), std::sync::atomic::Ordering::Release);
+        let polled = this.call.poll(cx);
+        slot.since.store(0, std::sync::atomic::Ordering::Release);
+        polled
+    }
+}
+
 /// What one partition task's processor poll is doing now (one poll at a time per task).
 pub(crate) struct Slot {
     topic: Arc<str>,
@@ -63,18 +90,10 @@ impl Blocking {
         slot
     }
 
-    /// `call` (one attempt of the record at `offset`), each poll noted in `slot`.
-    pub(crate) async fn watch<F: Future>(&self, slot: &Slot, offset: i64, attempt: u32, call: F) -> F::Output {
-        let mut call = std::pin::pin!(call);
-        std::future::poll_fn(|cx| {
-            slot.offset.store(offset, Relaxed);
-            slot.attempt.store(attempt, Relaxed);
-            slot.since.store(self.tick.load(Relaxed), std::sync::atomic::Ordering::Release);
-            let polled = call.as_mut().poll(cx);
-            slot.since.store(0, std::sync::atomic::Ordering::Release);
-            polled
-        })
-        .await
+    /// `call` (one attempt of the record at `offset`), each poll noted in `slot`. A plain struct,
+    /// not an `async fn`: the call is stored once, in place, not moved into a second pinned copy.
+    pub(crate) fn watch<'a, F: Future>(&'a self, slot: &'a Slot, offset: i64, attempt: u32, call: F) -> Watched<'a, F> {
+        Watched { call, tick: &self.tick, slot, offset, attempt }
     }
 
     /// Advances the tick and reports what changed; returns the number of polls blocking now.

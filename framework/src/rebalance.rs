@@ -44,7 +44,7 @@ pub(crate) struct Hooks {
     pub(crate) committer: Committer,
     /// Reports stalled partitions and an unreachable cluster from librdkafka's statistics.
     pub(crate) watchdog: Watchdog,
-    /// The DLQ circuit breaker (while it is open every partition is held back, not stalled).
+    /// The circuit breaker (while it is open every partition is held back, not stalled).
     pub(crate) breaker: Arc<Breaker>,
 }
 

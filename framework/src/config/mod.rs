@@ -79,7 +79,7 @@ pub struct PipelineConfig {
     pub retry: RetryPolicy,
     /// The dead-letter topic.
     pub dlq: DlqConfig,
-    /// The DLQ circuit breaker.
+    /// The circuit breaker (dead-letter floods, transient storms).
     pub circuit_breaker: CircuitBreakerConfig,
     /// The RocksDB dedup store (off unless set).
     pub dedup: Option<crate::dedup::DedupConfig>,
@@ -242,7 +242,7 @@ impl PipelineConfig {
         self
     }
 
-    /// Sets the DLQ circuit breaker.
+    /// Sets the circuit breaker (see [`CircuitBreakerConfig`]).
     pub fn circuit_breaker(mut self, breaker: CircuitBreakerConfig) -> Self {
         self.circuit_breaker = breaker;
         self

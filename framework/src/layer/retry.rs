@@ -20,6 +20,7 @@ use crate::telemetry::events::{AttemptCancelled, AttemptTimedOut, ProcessorPanic
 use crate::trace::TraceContext;
 use futures::FutureExt;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -51,9 +52,17 @@ pub(crate) async fn attempt_until_done<P: Processor>(
             trace_id = trace.as_ref().map_or("", TraceContext::trace_id),
             span_id = trace.as_ref().map_or("", TraceContext::span_id));
         // A retry waits while the breaker is open instead of churning; half-open, one attempt probes.
-        let Some(probe) = shared.breaker.gate(cancel).await else { return Ok(Outcome::Abandoned) };
+        // The waits below are boxed, off the common path: they would otherwise enlarge every
+        // record's future (the partition task boxes it, copying every byte of it).
+        let probe = match shared.breaker.pass() {
+            Some(closed) => closed,
+            None => match Box::pin(shared.breaker.gate(cancel)).await {
+                Some(probe) => probe,
+                None => return Ok(Outcome::Abandoned),
+            },
+        };
         if let Some(limit) = &shared.rate_limit {
-            match limit.ready(cancel).await {
+            match Box::pin(limit.ready(cancel)).await {
                 None => return Ok(Outcome::Abandoned),
                 Some(true) => Stats::bump(&shared.telemetry.stats.rate_limited),
                 Some(false) => {}
@@ -63,19 +72,22 @@ pub(crate) async fn attempt_until_done<P: Processor>(
         // outputs await their acknowledgement or a retry waits out its backoff.
         let Some(permit) = permit(&shared.concurrency).await else { return Ok(Outcome::Abandoned) };
         let started = Instant::now();
-        let call = AssertUnwindSafe(shared.processor.process(record, &ctx).instrument(span)).catch_unwind();
-        let call = shared.blocking.watch(&scope.slot, record.offset, attempt, call);
-        let processed = match bounded(call, &ctx, time_limit, &scope.drain, shared.config.cancel_grace).await {
-            Ok(returned) => returned,
-            Err((reason, dropped)) => {
-                AttemptCancelled { record, attempt, reason, dropped }.emit(&shared.telemetry);
-                if reason != CancelReason::Timeout {
-                    // Revoked or shut down: whatever the call did is not this record's result.
-                    return Ok(Outcome::Abandoned);
+        let processed = {
+            // Scoped: the call borrows `ctx`, which `acknowledged` consumes below.
+            let call = AssertUnwindSafe(shared.processor.process(record, &ctx).instrument(span)).catch_unwind();
+            let call = std::pin::pin!(shared.blocking.watch(&scope.slot, record.offset, attempt, call));
+            match bounded(call, &ctx, time_limit, &scope.drain, shared.config.cancel_grace).await {
+                Ok(returned) => returned,
+                Err((reason, dropped)) => {
+                    AttemptCancelled { record, attempt, reason, dropped }.emit(&shared.telemetry);
+                    if reason != CancelReason::Timeout {
+                        // Revoked or shut down: whatever the call did is not this record's result.
+                        return Ok(Outcome::Abandoned);
+                    }
+                    let limit = time_limit.expect("a timeout has a time limit");
+                    AttemptTimedOut { record, attempt, after: limit }.emit(&shared.telemetry);
+                    Ok(Err(ProcessError::timed_out(limit)))
                 }
-                let limit = time_limit.expect("a timeout has a time limit");
-                AttemptTimedOut { record, attempt, after: limit }.emit(&shared.telemetry);
-                Ok(Err(ProcessError::timed_out(limit)))
             }
         };
         drop(permit);
@@ -150,34 +162,40 @@ impl CallScope {
 /// returning): a handler that listens to `ctx.cancelled()` gets `grace` to stop cleanly, then
 /// (like one that does not) its future is dropped. A result it returns after the cancellation is
 /// ignored: one deadline, one meaning.
+/// The call comes pinned by the caller: pinning a by-value argument here would store it twice.
 async fn bounded<F: Future>(
-    call: F,
+    mut call: Pin<&mut F>,
     ctx: &Context,
     time_limit: Option<Duration>,
     drain: &DrainDeadline,
     grace: Duration,
 ) -> Result<F::Output, (CancelReason, bool)> {
-    let mut call = std::pin::pin!(call);
-    let until_drained = async {
-        // The call is polled first: one that is ready never registers with the deadline.
-        tokio::select! {
-            biased;
-            done = call.as_mut() => Ok(done),
-            reason = drain.reached() => Err(reason),
-        }
-    };
-    // `timeout` polls the call first and arms its timer only if the call is still pending.
+    // Each branch builds its future in place: a named future moved into `timeout` would be stored
+    // twice in this state machine (and every record's future copied whole when it is boxed).
     let cut = match time_limit {
-        None => until_drained.await,
-        Some(limit) => tokio::time::timeout(limit, until_drained).await.unwrap_or(Err(CancelReason::Timeout)),
+        None => until_drained(call.as_mut(), drain).await,
+        Some(limit) => {
+            tokio::time::timeout(limit, until_drained(call.as_mut(), drain)).await.unwrap_or(Err(CancelReason::Timeout))
+        }
     };
     let reason = match cut {
         Ok(done) => return Ok(done),
         Err(reason) => reason,
     };
     let listens = ctx.cancel(reason);
-    let returned = listens && tokio::time::timeout(grace, call).await.is_ok();
+    let returned = listens && Box::pin(tokio::time::timeout(grace, call)).await.is_ok();
     Err((reason, !returned))
+}
+
+/// The call until it returns or the drain deadline fires, polled first: a call that is ready
+/// never registers with the deadline. (`timeout` likewise polls it first and arms its timer only
+/// if it is still pending.)
+async fn until_drained<F: Future>(call: Pin<&mut F>, drain: &DrainDeadline) -> Result<F::Output, CancelReason> {
+    tokio::select! {
+        biased;
+        done = call => Ok(done),
+        reason = drain.reached() => Err(reason),
+    }
 }
 
 /// A concurrency permit. `try_acquire` first: `acquire().await` spends Tokio's cooperative budget,

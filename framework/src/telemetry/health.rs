@@ -36,7 +36,7 @@ impl Telemetry {
             reasons.push(format!("{} input topic(s) missing", s.missing_topics));
         }
         if s.breaker_open {
-            reasons.push("the DLQ circuit breaker is open".to_owned());
+            reasons.push("the circuit breaker is open".to_owned());
         }
         reasons
     }
