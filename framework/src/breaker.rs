@@ -183,12 +183,6 @@ impl Breaker {
         }
     }
 
-    /// The gate's common case without a future: `Some` while closed, `None` if the caller must
-    /// await [`Breaker::gate`].
-    pub(crate) fn pass(&self) -> Option<Probe<'_>> {
-        (!self.tripped()).then_some(Probe { breaker: None })
-    }
-
     /// In front of every attempt: passes while closed, waits while open, and while half-open lets
     /// one attempt at a time through as the probe. `None` when `cancel` fired first.
     pub(crate) async fn gate(&self, cancel: &CancellationToken) -> Option<Probe<'_>> {

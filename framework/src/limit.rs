@@ -14,7 +14,9 @@ pub(crate) struct RateLimiter {
 
 impl RateLimiter {
     pub(crate) fn new(limit: RateLimit) -> Self {
-        let quota = Quota::per_second(limit.per_second).allow_burst(limit.burst);
+        // Both are at least 1: `PipelineConfig::validate` refuses a pipeline otherwise.
+        let nonzero = |n| std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN);
+        let quota = Quota::per_second(nonzero(limit.per_second)).allow_burst(nonzero(limit.burst));
         Self { bucket: DefaultDirectRateLimiter::direct(quota), turn: tokio::sync::Mutex::new(()) }
     }
 
@@ -47,8 +49,7 @@ mod tests {
 
     #[tokio::test]
     async fn spaces_calls_after_the_burst_and_gives_up_when_cancelled() {
-        let limit =
-            RateLimiter::new(RateLimit { burst: std::num::NonZeroU32::new(2).unwrap(), ..RateLimit::per_second(20) });
+        let limit = RateLimiter::new(RateLimit { burst: 2, ..RateLimit::per_second(20) });
         let cancel = CancellationToken::new();
         let start = Instant::now();
         assert_eq!(limit.ready(&cancel).await, Some(false));

@@ -2,7 +2,6 @@
 
 use super::{CircuitBreakerConfig, PipelineConfig};
 use crate::error::ConfigError;
-use std::num::NonZeroU32;
 
 /// A limit on processor calls per second across the pipeline (a token bucket: GCRA from
 /// `governor`), for a downstream API with a quota.
@@ -18,22 +17,23 @@ use std::num::NonZeroU32;
 ///
 /// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"]).rate_limit(RateLimit::per_second(50));
 /// assert!(config.validate().is_ok());
-/// let bad = RateLimit { burst: std::num::NonZeroU32::new(100).unwrap(), ..RateLimit::per_second(50) };
+/// let bad = RateLimit { burst: 100, ..RateLimit::per_second(50) };
 /// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"]).rate_limit(bad);
 /// assert_eq!(config.validate().unwrap_err().field, "rate_limit.burst");
+/// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"]).rate_limit(RateLimit::per_second(0));
+/// assert_eq!(config.validate().unwrap_err().field, "rate_limit.per_second");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimit {
-    /// Calls per second, sustained.
-    pub per_second: NonZeroU32,
-    /// Calls that may go at once after a quiet spell (at most `per_second`).
-    pub burst: NonZeroU32,
+    /// Calls per second, sustained (at least 1).
+    pub per_second: u32,
+    /// Calls that may go at once after a quiet spell (1 to `per_second`).
+    pub burst: u32,
 }
 
 impl RateLimit {
-    /// `per_second` calls per second (at least 1), with a burst of as many.
+    /// `per_second` calls per second, with a burst of as many.
     pub fn per_second(per_second: u32) -> Self {
-        let per_second = NonZeroU32::new(per_second).unwrap_or(NonZeroU32::MIN);
         Self { per_second, burst: per_second }
     }
 }
@@ -47,13 +47,16 @@ impl PipelineConfig {
 
     /// Checks the rate limit and the circuit breaker.
     pub(super) fn validate_downstream(&self) -> Result<(), ConfigError> {
-        if let Some(limit) = self.rate_limit
-            && limit.burst > limit.per_second
-        {
-            return Err(ConfigError::new(
-                "rate_limit.burst",
-                format!("{} must not exceed rate_limit.per_second ({})", limit.burst, limit.per_second),
-            ));
+        if let Some(limit) = self.rate_limit {
+            if limit.per_second == 0 {
+                return Err(ConfigError::new("rate_limit.per_second", "must be at least 1"));
+            }
+            if limit.burst == 0 || limit.burst > limit.per_second {
+                return Err(ConfigError::new(
+                    "rate_limit.burst",
+                    format!("{} must be 1 to rate_limit.per_second ({})", limit.burst, limit.per_second),
+                ));
+            }
         }
         let cb: &CircuitBreakerConfig = &self.circuit_breaker;
         if !cb.enabled {

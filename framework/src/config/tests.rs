@@ -1,7 +1,6 @@
 //! Validation names the field at fault.
 
 use super::*;
-use std::num::NonZeroU32;
 
 fn ok() -> PipelineConfig {
     PipelineConfig::new("localhost:9092", "g", ["t"])
@@ -34,10 +33,9 @@ fn names_the_field_at_fault() {
             ok().circuit_breaker(CircuitBreakerConfig { transient_window: 0, ..CircuitBreakerConfig::default() }),
             "circuit_breaker.transient_window",
         ),
-        (
-            ok().rate_limit(RateLimit { burst: NonZeroU32::new(11).unwrap(), ..RateLimit::per_second(10) }),
-            "rate_limit.burst",
-        ),
+        (ok().rate_limit(RateLimit { burst: 11, ..RateLimit::per_second(10) }), "rate_limit.burst"),
+        (ok().rate_limit(RateLimit { burst: 0, ..RateLimit::per_second(10) }), "rate_limit.burst"),
+        (ok().rate_limit(RateLimit::per_second(0)), "rate_limit.per_second"),
         (ok().consumer_property("enable.auto.commit", "true"), "consumer.enable.auto.commit"),
         (ok().consumer_property("max.poll.interval.ms", "soon"), "max.poll.interval.ms"),
         (

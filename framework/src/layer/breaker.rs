@@ -9,5 +9,5 @@ use tokio_util::sync::CancellationToken;
 /// Returns once the breaker is no longer open (closed, or half-open: the retry layer's gate then
 /// lets one attempt probe); `false` when `cancel` fired first.
 pub(crate) async fn closed<P: Processor>(shared: &Shared<P>, cancel: &CancellationToken) -> bool {
-    !shared.breaker.tripped() || shared.breaker.admits(cancel).await
+    shared.breaker.admits(cancel).await
 }

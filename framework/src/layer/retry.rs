@@ -52,17 +52,9 @@ pub(crate) async fn attempt_until_done<P: Processor>(
             trace_id = trace.as_ref().map_or("", TraceContext::trace_id),
             span_id = trace.as_ref().map_or("", TraceContext::span_id));
         // A retry waits while the breaker is open instead of churning; half-open, one attempt probes.
-        // The waits below are boxed, off the common path: they would otherwise enlarge every
-        // record's future (the partition task boxes it, copying every byte of it).
-        let probe = match shared.breaker.pass() {
-            Some(closed) => closed,
-            None => match Box::pin(shared.breaker.gate(cancel)).await {
-                Some(probe) => probe,
-                None => return Ok(Outcome::Abandoned),
-            },
-        };
+        let Some(probe) = shared.breaker.gate(cancel).await else { return Ok(Outcome::Abandoned) };
         if let Some(limit) = &shared.rate_limit {
-            match Box::pin(limit.ready(cancel)).await {
+            match limit.ready(cancel).await {
                 None => return Ok(Outcome::Abandoned),
                 Some(true) => Stats::bump(&shared.telemetry.stats.rate_limited),
                 Some(false) => {}
@@ -170,32 +162,26 @@ async fn bounded<F: Future>(
     drain: &DrainDeadline,
     grace: Duration,
 ) -> Result<F::Output, (CancelReason, bool)> {
-    // Each branch builds its future in place: a named future moved into `timeout` would be stored
-    // twice in this state machine (and every record's future copied whole when it is boxed).
-    let cut = match time_limit {
-        None => until_drained(call.as_mut(), drain).await,
-        Some(limit) => {
-            tokio::time::timeout(limit, until_drained(call.as_mut(), drain)).await.unwrap_or(Err(CancelReason::Timeout))
+    let until_drained = async {
+        // The call is polled first: one that is ready never registers with the deadline.
+        tokio::select! {
+            biased;
+            done = call.as_mut() => Ok(done),
+            reason = drain.reached() => Err(reason),
         }
+    };
+    // `timeout` polls the call first and arms its timer only if the call is still pending.
+    let cut = match time_limit {
+        None => until_drained.await,
+        Some(limit) => tokio::time::timeout(limit, until_drained).await.unwrap_or(Err(CancelReason::Timeout)),
     };
     let reason = match cut {
         Ok(done) => return Ok(done),
         Err(reason) => reason,
     };
     let listens = ctx.cancel(reason);
-    let returned = listens && Box::pin(tokio::time::timeout(grace, call)).await.is_ok();
+    let returned = listens && tokio::time::timeout(grace, call).await.is_ok();
     Err((reason, !returned))
-}
-
-/// The call until it returns or the drain deadline fires, polled first: a call that is ready
-/// never registers with the deadline. (`timeout` likewise polls it first and arms its timer only
-/// if it is still pending.)
-async fn until_drained<F: Future>(call: Pin<&mut F>, drain: &DrainDeadline) -> Result<F::Output, CancelReason> {
-    tokio::select! {
-        biased;
-        done = call => Ok(done),
-        reason = drain.reached() => Err(reason),
-    }
 }
 
 /// A concurrency permit. `try_acquire` first: `acquire().await` spends Tokio's cooperative budget,
