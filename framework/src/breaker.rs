@@ -11,7 +11,7 @@ use crate::config::CircuitBreakerConfig;
 use crate::telemetry::Telemetry;
 use crate::telemetry::events::{BreakerClosed, BreakerHalfOpen, BreakerProbeFailed, BreakerTripped};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -52,13 +52,13 @@ impl Probe<'_> {
             let _phase = b.lock();
             b.reset_windows();
             b.phase.store(CLOSED, Relaxed);
-            b.probing.store(false, Relaxed);
+            b.probing.store(false, Release);
             BreakerClosed.emit(telemetry);
             b.state.send_replace(CLOSED);
         } else {
             BreakerProbeFailed { cooldown: b.config.cooldown }.emit(telemetry);
             b.open(telemetry, None);
-            b.probing.store(false, Relaxed);
+            b.probing.store(false, Release);
         }
     }
 }
@@ -66,7 +66,7 @@ impl Probe<'_> {
 impl Drop for Probe<'_> {
     fn drop(&mut self) {
         if let Some(b) = self.breaker.take() {
-            b.probing.store(false, Relaxed);
+            b.probing.store(false, Release);
             b.state.send_modify(|_| {}); // wakes the attempts waiting for the probe
         }
     }
@@ -191,10 +191,18 @@ impl Breaker {
         }
         let mut state = self.state.subscribe();
         loop {
-            match *state.borrow_and_update() {
+            // The watch only wakes; the phase decides (a woken waiter could otherwise read a stale
+            // half-open and probe again after the probe had closed the breaker).
+            state.borrow_and_update();
+            match self.phase.load(Acquire) {
                 CLOSED => return Some(Probe { breaker: None }),
-                HALF_OPEN if self.probing.compare_exchange(false, true, Relaxed, Relaxed).is_ok() => {
-                    return Some(Probe { breaker: Some(self) });
+                HALF_OPEN if self.probing.compare_exchange(false, true, Acquire, Relaxed).is_ok() => {
+                    // The probe's verdict sets the phase before it frees the slot (Release).
+                    if self.phase.load(Relaxed) == HALF_OPEN {
+                        return Some(Probe { breaker: Some(self) });
+                    }
+                    self.probing.store(false, Release);
+                    continue;
                 }
                 _ => {}
             }
