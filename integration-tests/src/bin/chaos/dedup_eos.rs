@@ -78,9 +78,13 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
         complete >= PARTITIONS as u64,
         format!("{complete} of {PARTITIONS} partition restores after the deletion reached the changelog's end"),
     );
+    // That every duplicate was absorbed is proven by the outputs (exactly_once_checks: no id twice).
+    // The hit counter cannot prove it: an incarnation's stats file is rewritten every 250 ms, so a
+    // SIGKILL loses the hits since its last write (seen: 1594 of 2000 after two kills amid the
+    // duplicates). It shows that the store, not luck, did the absorbing.
     outcome.check(
-        hits >= reproduced as u64,
-        format!("{hits} dedup hits for {reproduced} re-produced duplicates: some were not recognised"),
+        reproduced == 0 || hits > 0,
+        format!("no dedup hit for {reproduced} re-produced duplicates: the store recognised none"),
     );
     outcome.note(format!(
         "{} kills; {reproduced} re-produced duplicates, {hits} dedup hits; RocksDB deleted after kill {} and {restored} keys restored from the transactional changelog; transactions: {} committed, {} aborted",
