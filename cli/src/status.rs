@@ -1,5 +1,8 @@
 //! `millrace status --group G`: a consumer group's lag per partition, from the broker (committed
-//! offsets against end offsets), and, with `--url`, what the pipeline's own `/health/ready` says.
+//! offsets against end offsets), and, with `--url`, what the pipeline itself says: its readiness
+//! (`/health/ready`) and its head-of-line blockers (`/status`: per owned partition, the record
+//! holding the committable prefix back, how long, and, when it has retried, its key, failed
+//! attempts and last error).
 
 use crate::args::{Format, StatusArgs};
 use crate::read::{REQUEST_TIMEOUT, client_config, unreachable_error};
@@ -26,14 +29,16 @@ pub struct PartitionLag {
 /// Runs `millrace status`.
 pub async fn run(bootstrap: &str, a: &StatusArgs) -> Result<()> {
     let lags = tokio::task::block_in_place(|| group_lag(bootstrap, &a.group, &a.topics))?;
-    let ready = match &a.url {
-        Some(url) => Some(readiness(url).await?),
-        None => None,
+    let (ready, pipeline) = match &a.url {
+        Some(url) => (Some(get_json(url, "health/ready").await?), Some(get_json(url, "status").await?)),
+        None => (None, None),
     };
     let total: i64 = lags.iter().map(|l| l.lag).sum();
     match a.format {
         Format::Json => {
-            let out = json!({ "group": a.group, "total_lag": total, "partitions": lags, "health": ready });
+            let out = json!({
+                "group": a.group, "total_lag": total, "partitions": lags, "health": ready, "pipeline": pipeline,
+            });
             println!("{out}");
         }
         Format::Table => {
@@ -44,6 +49,9 @@ pub async fn run(bootstrap: &str, a: &StatusArgs) -> Result<()> {
             }
             if let Some(ready) = ready {
                 println!("pipeline health: {ready}");
+            }
+            for line in pipeline.iter().flat_map(blockers) {
+                println!("{line}");
             }
         }
     }
@@ -95,9 +103,36 @@ pub fn group_lag(bootstrap: &str, group: &str, topics: &[String]) -> Result<Vec<
     Ok(out)
 }
 
-/// The pipeline's `/health/ready` answer (JSON), from its HTTP listener at `url`.
-async fn readiness(url: &str) -> Result<serde_json::Value> {
-    let url = format!("{}/health/ready", url.trim_end_matches('/'));
+/// The head-of-line records of the partitions the pipeline's `/status` shows with records in
+/// flight, one line each.
+fn blockers(status: &serde_json::Value) -> Vec<String> {
+    let partitions = status["partitions"].as_array().into_iter().flatten();
+    let held = partitions.filter(|p| p["in_flight"].as_u64().unwrap_or(0) > 0);
+    held.map(|p| {
+        let mut line = format!(
+            "head of line {} [{}]: offset {}, held {:.1} s",
+            p["topic"].as_str().unwrap_or_default(),
+            p["partition"],
+            p["completed"],
+            p["head_of_line_age_s"].as_f64().unwrap_or(0.0)
+        );
+        let b = &p["blocker"];
+        if !b.is_null() {
+            line += &format!(
+                ", key {}, {} failed attempt(s), last error: {}",
+                b["key"].as_str().unwrap_or("(none)"),
+                b["failed_attempts"],
+                b["last_error"].as_str().unwrap_or_default()
+            );
+        }
+        line
+    })
+    .collect()
+}
+
+/// The pipeline's answer at `path` (JSON), from its HTTP listener at `url`.
+async fn get_json(url: &str, path: &str) -> Result<serde_json::Value> {
+    let url = format!("{}/{path}", url.trim_end_matches('/'));
     let response = reqwest::get(&url).await.with_context(|| format!("GET {url}"))?;
     let body = response.text().await.with_context(|| format!("reading {url}"))?;
     serde_json::from_str(&body).with_context(|| format!("{url} did not answer JSON: {body}"))

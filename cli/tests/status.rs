@@ -1,7 +1,8 @@
 //! `millrace status` against a real broker and a running pipeline: lag per partition from the
-//! group's committed offsets, and the pipeline's readiness from its HTTP listener.
+//! group's committed offsets, the pipeline's readiness from its HTTP listener, and the record that
+//! holds a partition back (its head-of-line blocker).
 
-use millrace::{Context, Pipeline, PipelineConfig, ProcessError, Processor, Record};
+use millrace::{Context, Pipeline, PipelineConfig, ProcessError, Processor, Record, RetryPolicy};
 use millrace_integration_tests::{
     bootstrap, committed_offsets, create_topic, end_offsets, eventually, keyed_records, produce, unique,
 };
@@ -15,6 +16,29 @@ impl Processor for Noop {
     async fn process(&self, _: &Record, _: &Context) -> Result<(), ProcessError> {
         Ok(())
     }
+}
+
+/// Fails the record whose value is `stuck` transiently, every time (a downstream that stays down).
+struct StuckOne;
+
+impl Processor for StuckOne {
+    async fn process(&self, record: &Record, _: &Context) -> Result<(), ProcessError> {
+        match record.value_str() {
+            Some("stuck") => Err(ProcessError::transient("payments-api: connection refused")),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn table(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_millrace"))
+        .arg("status")
+        .args(args)
+        .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
+        .output()
+        .expect("run millrace");
+    assert!(out.status.success(), "millrace status {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("UTF-8")
 }
 
 fn status(args: &[&str]) -> Value {
@@ -68,5 +92,49 @@ async fn status_reports_lag_per_partition_and_the_pipelines_readiness() -> anyho
         assert_eq!(p["lag"].as_i64(), Some(ends[&partition] - p["committed"].as_i64().expect("committed")));
     }
     assert_eq!(stopped["health"], Value::Null, "no --url, no health");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_names_the_record_that_holds_a_partition_back() -> anyhow::Result<()> {
+    let topic = unique("status-blocked");
+    let group = unique("status-blocked-group");
+    create_topic(&topic, 1).await?;
+    let mut records: Vec<(String, Vec<u8>)> = (0..10).map(|i| (format!("k{i}"), b"fine".to_vec())).collect();
+    records[4] = ("card-4711".into(), b"stuck".to_vec());
+    produce(&topic, records).await?;
+    let retry =
+        RetryPolicy { max_attempts: 1000, base_delay: Duration::from_millis(20), max_delay: Duration::from_millis(50) };
+    let config = PipelineConfig::new(bootstrap(), &group, [&topic])
+        .commit_interval(Duration::from_millis(100))
+        .stall_timeout(Duration::from_secs(2)) // statistics (the status's source) every 500 ms
+        .retry(retry)
+        .http("127.0.0.1:0".parse()?);
+    let pipeline = Pipeline::new(config, StuckOne)?;
+    let url = format!("http://{}", pipeline.http_addr().expect("bound"));
+    let stop = pipeline.shutdown_token();
+    let run = tokio::spawn(pipeline.run());
+
+    let blocked = eventually("the blocker named", Duration::from_secs(60), || {
+        let s = status(&["--group", &group, "--url", &url]);
+        let p = &s["pipeline"]["partitions"][0];
+        Ok((p["blocker"]["failed_attempts"].as_u64().unwrap_or(0) >= 3).then(|| p.clone()))
+    })
+    .await?;
+    assert_eq!(blocked["completed"], 4, "the prefix stands at the stuck record: {blocked}");
+    assert_eq!(blocked["in_flight"], 1, "everything after it is done: {blocked}");
+    let b = &blocked["blocker"];
+    assert_eq!((b["offset"].as_i64(), b["key"].as_str()), (Some(4), Some("card-4711")), "{b}");
+    assert!(b["last_error"].as_str().is_some_and(|e| e.contains("connection refused")), "{b}");
+    let text = table(&["--group", &group, "--url", &url]);
+    let line =
+        text.lines().find(|l| l.starts_with("head of line")).unwrap_or_else(|| panic!("no blocker line:\n{text}"));
+    assert!(
+        line.contains("offset 4") && line.contains("key card-4711") && line.contains("connection refused"),
+        "{line}"
+    );
+
+    stop.cancel();
+    run.await??;
     Ok(())
 }

@@ -82,6 +82,7 @@ pub mod dedup;
 pub mod dlq;
 pub mod envelope;
 pub mod error;
+mod histogram;
 mod limit;
 pub mod guarantees {
     #![doc = include_str!("../../docs/guarantees.md")]

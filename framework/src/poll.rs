@@ -15,6 +15,7 @@ use crate::stats::Stats;
 use crate::transaction::TxnOutcome;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
+use rdkafka::producer::Producer as _;
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -220,6 +221,9 @@ impl<'c, P: Processor> PollLoop<'c, P> {
             // `commit_every_records` (which can commit hundreds of times a second).
             if check_clock && Instant::now() >= next_publish {
                 self.shared.telemetry.stats.beat();
+                let queued = self.shared.handles.producer.in_flight_count()
+                    + self.hooks().committer.transactions().map_or(0, |t| t.queued());
+                self.shared.telemetry.stats.producer_queue.store(queued.max(0) as u64, Relaxed);
                 self.shared.telemetry.publish();
                 next_publish = Instant::now() + PUBLISH_EVERY;
             }

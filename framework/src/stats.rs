@@ -1,5 +1,6 @@
 //! Live counters of a pipeline, readable while it runs (for tests, health checks and metrics export).
 
+use crate::histogram::Histogram;
 use crate::state::backpressure::InFlight;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
@@ -12,6 +13,7 @@ pub struct Stats {
     pub(crate) failed: AtomicU64,
     pub(crate) dead_lettered: AtomicU64,
     pub(crate) dedup_hits: AtomicU64,
+    pub(crate) dedup_misses: AtomicU64,
     pub(crate) dedup_restored: AtomicU64,
     pub(crate) dedup_restores: AtomicU64,
     pub(crate) dlq_produce_failures: AtomicU64,
@@ -46,6 +48,12 @@ pub struct Stats {
     pub(crate) blocked_calls: AtomicU64,
     pub(crate) cluster_unreachable: AtomicU64,
     pub(crate) missing_topics: AtomicU64,
+    /// Messages the producers hold that the broker has not acknowledged yet (set once a second).
+    pub(crate) producer_queue: AtomicU64,
+    /// Duration of each processing attempt (processor call and acknowledgements).
+    pub(crate) attempts: Histogram,
+    /// From each processed record's timestamp to the end of its processing.
+    pub(crate) latency: Histogram,
     /// When the poll thread last turned (ms since the epoch): the liveness probe.
     pub(crate) poll_turn_ms: AtomicI64,
     /// Set once the member joined its group (its first assignment, even an empty one).
@@ -66,6 +74,11 @@ pub struct StatsSnapshot {
     pub dead_lettered: u64,
     /// Records skipped because their idempotency key was already processed.
     pub dedup_hits: u64,
+    /// Records whose idempotency key was looked up and not found (so they were processed).
+    pub dedup_misses: u64,
+    /// Messages the producers hold that the broker has not acknowledged yet (as of the last
+    /// second's publication).
+    pub producer_queue: u64,
     /// Dedup entries restored from the changelog.
     pub dedup_restored: u64,
     /// Partition restores from the changelog that completed.
@@ -159,6 +172,8 @@ impl Stats {
             failed: self.failed.load(Relaxed),
             dead_lettered: self.dead_lettered.load(Relaxed),
             dedup_hits: self.dedup_hits.load(Relaxed),
+            dedup_misses: self.dedup_misses.load(Relaxed),
+            producer_queue: self.producer_queue.load(Relaxed),
             dedup_restored: self.dedup_restored.load(Relaxed),
             dedup_restores: self.dedup_restores.load(Relaxed),
             dlq_produce_failures: self.dlq_produce_failures.load(Relaxed),

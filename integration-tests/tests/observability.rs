@@ -92,6 +92,13 @@ async fn metrics_and_health_match_what_was_produced() -> Result<()> {
     assert_eq!(dead, Some(POISON as f64), "dead-lettered by kind");
     let attempts = sample(&metrics, "millrace_attempt_duration_seconds_count", &[&pipeline_label]);
     assert_eq!(attempts, Some(N as f64), "one attempt per record (permanent failures are not retried)");
+    let all = sample(&metrics, "millrace_attempt_duration_seconds_bucket", &[&pipeline_label, r#"le="+Inf""#]);
+    assert_eq!(all, Some(N as f64), "the +Inf bucket counts every attempt");
+    let quick = sample(&metrics, "millrace_attempt_duration_seconds_bucket", &[&pipeline_label, r#"le="5""#]);
+    assert_eq!(quick, Some(N as f64), "a no-op processor's attempts take under 5 s");
+    let latencies = sample(&metrics, "millrace_record_latency_seconds_count", &[&pipeline_label]);
+    assert_eq!(latencies, Some((N - POISON) as f64), "an end-to-end latency per processed record");
+    assert!(sample(&metrics, "millrace_record_latency_seconds_sum", &[&pipeline_label]).is_some_and(|s| s > 0.0));
     assert_eq!(sample(&metrics, "millrace_cluster_reachable", &[&pipeline_label]), Some(1.0));
     assert_eq!(sample(&metrics, "millrace_assigned_partitions", &[&pipeline_label]), Some(2.0));
     assert!(metrics.contains("# HELP millrace_consumer_lag_records"), "metrics are described");

@@ -54,11 +54,13 @@ pub(crate) struct Processed {
     pub(crate) dedup_key: Option<Vec<u8>>,
     /// Exactly-once: it ran with its outputs produced alone (an output was rejected before).
     pub(crate) alone: bool,
+    /// Its idempotency key was looked up and not found (a dedup miss).
+    pub(crate) dedup_miss: bool,
 }
 
 impl Processed {
     fn ended(outcome: Outcome) -> Self {
-        Self { outcome, dedup_key: None, alone: false }
+        Self { outcome, dedup_key: None, alone: false, dedup_miss: false }
     }
 }
 
@@ -85,16 +87,18 @@ pub(crate) async fn process<P: Processor>(
         }
     };
     // 3. Dedup, around 4 and 5.
+    let mut dedup_miss = false;
     let (outcome, dedup_key) = match dedup::check(shared, pending, record, cancel).await {
         dedup::Check::Off => (run(shared, epoch, record, None, cancel, scope).await, None),
         dedup::Check::Abandoned => (Outcome::Abandoned, None),
         dedup::Check::Duplicate => (Outcome::Duplicate, None),
         dedup::Check::Fresh(held) => {
+            dedup_miss = true;
             let outcome = run(shared, epoch, record, Some(held.key()), cancel, scope).await;
             held.after(shared, record, outcome, cancel).await
         }
     };
-    Processed { outcome, dedup_key, alone }
+    Processed { outcome, dedup_key, alone, dedup_miss }
 }
 
 /// 4 and 5: the attempt loop, then the DLQ for a record that failed for good.

@@ -11,6 +11,7 @@ use crate::clock::now_ms;
 use crate::context::{CancelReason, Context, DrainDeadline};
 use crate::dlq::{DlqErrorKind, Failure};
 use crate::error::{Cause, ProcessError};
+use crate::histogram::TaskHistogram;
 use crate::layer::Outcome;
 use crate::processor::Processor;
 use crate::record::Record;
@@ -98,12 +99,11 @@ pub(crate) async fn attempt_until_done<P: Processor>(
             }
         };
         probe.finish(result.is_ok(), &shared.telemetry);
-        let metrics = &shared.telemetry.metrics;
-        metrics.attempt.record(started.elapsed().as_secs_f64());
+        scope.attempts.record(started.elapsed());
         let error = match result {
             Ok(outputs) => {
                 if let Some(ts) = record.timestamp {
-                    metrics.latency.record((now_ms() - ts).max(0) as f64 / 1000.0);
+                    scope.latency.record(Duration::from_millis((now_ms() - ts).max(0) as u64));
                 }
                 return Ok(Outcome::Done(outputs));
             }
@@ -137,15 +137,23 @@ pub(crate) async fn attempt_until_done<P: Processor>(
 }
 
 /// What a partition task gives each of its processor calls: the drain deadline that cancels them
-/// and the slot that watches their polls for blocking ([`crate::blocking`]).
+/// the slot that watches their polls for blocking ([`crate::blocking`]), and the task's duration
+/// histograms ([`crate::histogram`]), which the task flushes with its tally.
 pub(crate) struct CallScope {
     pub(crate) drain: DrainDeadline,
     pub(crate) slot: Arc<Slot>,
+    pub(crate) attempts: TaskHistogram,
+    pub(crate) latency: TaskHistogram,
 }
 
 impl CallScope {
     pub(crate) fn new(slot: Arc<Slot>) -> Self {
-        Self { drain: DrainDeadline::default(), slot }
+        Self {
+            drain: DrainDeadline::default(),
+            slot,
+            attempts: TaskHistogram::default(),
+            latency: TaskHistogram::default(),
+        }
     }
 }
 

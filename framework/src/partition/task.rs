@@ -47,6 +47,8 @@ struct Finished {
     dedup_key: Option<Vec<u8>>,
     /// Exactly-once: produce its outputs in a batch of their own (see [`crate::rejected`]).
     alone: bool,
+    /// Its idempotency key was looked up and not found.
+    dedup_miss: bool,
 }
 
 struct Stopping {
@@ -87,6 +89,7 @@ struct TaskCtx<P> {
 struct Tally {
     processed: u64,
     dedup_hits: u64,
+    dedup_misses: u64,
     dead_lettered: u64,
     failed: u64,
     released: usize,
@@ -260,14 +263,16 @@ impl<P: Processor> PartitionTask<P> {
         let ctx = self.ctx.clone();
         async move {
             let TaskCtx { shared, handle, epoch, cancel, scope } = &*ctx;
-            let Processed { outcome, dedup_key, alone } =
+            let Processed { outcome, dedup_key, alone, dedup_miss } =
                 layer::process(shared, &handle.pending, *epoch, &record, cancel, scope).await;
-            Finished { lane, offset: record.offset, bytes: record.byte_len() as u64, outcome, dedup_key, alone }
+            let bytes = record.byte_len() as u64;
+            Finished { lane, offset: record.offset, bytes, outcome, dedup_key, alone, dedup_miss }
         }
     }
 
     /// Books a finished record and returns the next record of its lane, if it should start.
     fn finish(&mut self, mut f: Finished) -> Option<(LaneId, Record)> {
+        self.tally.dedup_misses += u64::from(f.dedup_miss);
         let completes = match &mut f.outcome {
             Outcome::Done(outputs) => {
                 self.tally.processed += 1;
@@ -347,12 +352,15 @@ impl<P: Processor> PartitionTask<P> {
         self.flush_breaker();
         let t = std::mem::take(&mut self.tally);
         let s = &self.shared.telemetry.stats;
+        self.ctx.scope.attempts.flush(&s.attempts);
+        self.ctx.scope.latency.flush(&s.latency);
         if t.finished_running > 0 {
             s.running.fetch_sub(t.finished_running, Relaxed);
         }
         for (counter, n) in [
             (&s.processed, t.processed),
             (&s.dedup_hits, t.dedup_hits),
+            (&s.dedup_misses, t.dedup_misses),
             (&s.dead_lettered, t.dead_lettered),
             (&s.failed, t.failed),
         ] {

@@ -23,6 +23,7 @@ impl RetryScheduled<'_> {
         let r = self.record;
         Stats::bump(&t.stats.retries);
         t.metrics.count(RETRIES, "topic", r.topic.to_string());
+        t.retrying.lock().unwrap_or_else(|p| p.into_inner()).note(r, self.attempt, self.error);
         tracing::warn!(
             pipeline = %t.name, topic = %r.topic, partition = r.partition, offset = r.offset,
             attempt = self.attempt, delay = ?self.delay, error = %self.error, "transient failure; retrying"
@@ -211,6 +212,8 @@ pub(crate) struct TransactionCommitted {
     pub(crate) pumped: Duration,
     pub(crate) offsets_sent: Duration,
     pub(crate) took: Duration,
+    /// From `begin_transaction` to the commit.
+    pub(crate) open_for: Duration,
 }
 
 impl TransactionCommitted {
@@ -218,6 +221,8 @@ impl TransactionCommitted {
         Stats::bump(&t.stats.transactions_committed);
         t.stats.committed_outputs.fetch_add(self.outputs, Relaxed);
         t.metrics.commit.record(self.took.as_secs_f64());
+        t.metrics.transaction.record(self.open_for.as_secs_f64());
+        t.metrics.transaction.record(self.open_for.as_secs_f64());
         tracing::debug!(pipeline = %t.name, outputs = self.outputs, partitions = self.partitions, pumped = ?self.pumped,
             offsets_sent = ?self.offsets_sent, took = ?self.took, "transaction committed");
     }

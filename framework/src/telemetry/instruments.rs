@@ -5,15 +5,17 @@
 //! recorder installed at that moment (install an application recorder before `Pipeline::new`).
 //! Without a recorder every handle is a no-op.
 
-use crate::stats::StatsSnapshot;
+use crate::histogram::HistogramSnapshot;
+use crate::stats::{Stats, StatsSnapshot};
 use metrics::{
-    Counter, Gauge, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+    Counter, Gauge, Histogram, Label, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge,
+    histogram,
 };
 use std::sync::Once;
 
 /// Counters copied from [`StatsSnapshot`] (name, help, field).
 type Field = fn(&StatsSnapshot) -> u64;
-const COUNTERS: [(&str, &str, Field); 19] = [
+const COUNTERS: [(&str, &str, Field); 20] = [
     ("millrace_records_polled_total", "Records polled and handed to their partitions.", |s| s.polled),
     ("millrace_records_processed_total", "Records processed successfully (outputs acknowledged).", |s| s.processed),
     ("millrace_records_failed_total", "Records that failed for good with the DLQ off (left uncommitted).", |s| {
@@ -21,6 +23,9 @@ const COUNTERS: [(&str, &str, Field); 19] = [
     }),
     ("millrace_dedup_hits_total", "Records skipped because their idempotency key was already processed.", |s| {
         s.dedup_hits
+    }),
+    ("millrace_dedup_misses_total", "Records whose idempotency key was not found (so they were processed).", |s| {
+        s.dedup_misses
     }),
     ("millrace_dedup_restored_entries_total", "Dedup entries restored from the changelog.", |s| s.dedup_restored),
     ("millrace_panics_total", "Processor panics caught (each fails its record permanently).", |s| s.panics),
@@ -44,9 +49,12 @@ const COUNTERS: [(&str, &str, Field); 19] = [
 ];
 
 /// Gauges copied from [`StatsSnapshot`] (name, help, field).
-const GAUGES: [(&str, &str, Field); 10] = [
+const GAUGES: [(&str, &str, Field); 11] = [
     ("millrace_in_flight_records", "Records polled and not finished.", |s| s.in_flight),
     ("millrace_in_flight_bytes", "Bytes of the in-flight records.", |s| s.buffered_bytes),
+    ("millrace_producer_queue_messages", "Messages the producers hold, not acknowledged by the broker yet.", |s| {
+        s.producer_queue
+    }),
     ("millrace_running_records", "Records started and not finished.", |s| s.running),
     ("millrace_assigned_partitions", "Partitions owned now.", |s| s.assigned_partitions),
     ("millrace_paused_partitions", "Partitions paused by backpressure or the breaker now.", |s| s.paused_partitions),
@@ -66,13 +74,12 @@ pub(crate) const ATTEMPTS_DROPPED: &str = "millrace_attempts_dropped_total";
 const ATTEMPT: &str = "millrace_attempt_duration_seconds";
 const LATENCY: &str = "millrace_record_latency_seconds";
 const COMMIT: &str = "millrace_commit_duration_seconds";
+const TRANSACTION: &str = "millrace_transaction_duration_seconds";
 pub(crate) const LAG: &str = "millrace_consumer_lag_records";
 pub(crate) const COMMITTED_LAG: &str = "millrace_consumer_committed_lag_records";
 pub(crate) const OLDEST: &str = "millrace_oldest_unfinished_age_seconds";
 
-/// Histogram buckets (seconds) for every duration: 1 ms to 5 min.
-pub(crate) const BUCKETS: [f64; 16] =
-    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
+pub(crate) use crate::histogram::BUCKETS;
 
 fn describe() {
     static ONCE: Once = Once::new();
@@ -95,17 +102,56 @@ fn describe() {
             ATTEMPTS_DROPPED,
             "Cancelled processor calls dropped without returning (not listening to ctx.cancelled(), or past cancel_grace)."
         );
-        describe_histogram!(
-            ATTEMPT,
-            Unit::Seconds,
-            "Duration of one processing attempt (processor call and acknowledgements)."
-        );
-        describe_histogram!(LATENCY, Unit::Seconds, "From the record's timestamp to the end of its processing.");
+        for (name, help) in [
+            (ATTEMPT, "Duration of one processing attempt (processor call and acknowledgements)."),
+            (LATENCY, "From the record's timestamp to the end of its processing."),
+        ] {
+            let describe = |suffix: &str, what: &str| format!("{name}_{suffix}: {help} {what}");
+            describe_counter!(format!("{name}_bucket"), describe("bucket", "(attempts at or under le seconds)"));
+            describe_counter!(format!("{name}_count"), describe("count", "(attempts)"));
+            describe_gauge!(format!("{name}_sum"), Unit::Seconds, describe("sum", "(seconds in all)"));
+        }
         describe_histogram!(COMMIT, Unit::Seconds, "Duration of a commit (offsets, or the transaction).");
+        describe_histogram!(
+            TRANSACTION,
+            Unit::Seconds,
+            "Exactly-once: how long each committed transaction was open (begin to commit)."
+        );
         describe_gauge!(LAG, "High watermark minus the consumer's position, per owned partition.");
         describe_gauge!(COMMITTED_LAG, "High watermark minus the committed offset, per owned partition.");
         describe_gauge!(OLDEST, "Age of the oldest unfinished record (the head-of-line blocker), per owned partition.");
     });
+}
+
+/// A per-record duration histogram's series: `_bucket{le}` and `_count` counters and a `_sum`
+/// gauge, copied from a [`crate::histogram::Histogram`] (see there why it is not recorded per
+/// sample).
+struct BucketSeries {
+    buckets: Vec<Counter>,
+    count: Counter,
+    sum: Gauge,
+}
+
+impl BucketSeries {
+    fn new(name: &str, labels: &[(&'static str, String); 2]) -> Self {
+        let bounds = BUCKETS.iter().map(f64::to_string).chain(["+Inf".to_owned()]);
+        let buckets = bounds
+            .map(|le| {
+                let mut with_le: Vec<Label> = labels.iter().map(|(k, v)| Label::new(*k, v.clone())).collect();
+                with_le.push(Label::new("le", le));
+                counter!(format!("{name}_bucket"), with_le)
+            })
+            .collect();
+        Self { buckets, count: counter!(format!("{name}_count"), labels), sum: gauge!(format!("{name}_sum"), labels) }
+    }
+
+    fn publish(&self, h: &HistogramSnapshot) {
+        for (c, n) in self.buckets.iter().zip(h.cumulative) {
+            c.absolute(n);
+        }
+        self.count.absolute(h.count());
+        self.sum.set(h.sum_seconds);
+    }
 }
 
 /// One pipeline's metric handles.
@@ -114,9 +160,10 @@ pub(crate) struct Instruments {
     pub(crate) group: String,
     counters: Vec<(Counter, Field)>,
     gauges: Vec<(Gauge, Field)>,
-    pub(crate) attempt: Histogram,
-    pub(crate) latency: Histogram,
+    attempt: BucketSeries,
+    latency: BucketSeries,
     pub(crate) commit: Histogram,
+    pub(crate) transaction: Histogram,
     ready: Gauge,
 }
 
@@ -129,16 +176,19 @@ impl Instruments {
             group: group.to_owned(),
             counters: COUNTERS.iter().map(|(name, _, f)| (counter!(*name, &labels), *f)).collect(),
             gauges: GAUGES.iter().map(|(name, _, f)| (gauge!(*name, &labels), *f)).collect(),
-            attempt: histogram!(ATTEMPT, &labels),
-            latency: histogram!(LATENCY, &labels),
+            attempt: BucketSeries::new(ATTEMPT, &labels),
+            latency: BucketSeries::new(LATENCY, &labels),
             commit: histogram!(COMMIT, &labels),
+            transaction: histogram!(TRANSACTION, &labels),
             ready: gauge!(READY, &labels),
         }
     }
 
-    /// Copies `s` into the counters and gauges.
-    pub(crate) fn publish(&self, s: &StatsSnapshot, ready: bool) {
+    /// Copies `s` into the counters and gauges, and the per-record histograms into their series.
+    pub(crate) fn publish(&self, s: &StatsSnapshot, stats: &Stats, ready: bool) {
         self.ready.set(f64::from(u8::from(ready)));
+        self.attempt.publish(&stats.attempts.snapshot());
+        self.latency.publish(&stats.latency.snapshot());
         for (c, f) in &self.counters {
             c.absolute(f(s));
         }

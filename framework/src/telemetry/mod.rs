@@ -13,6 +13,7 @@
 //! application's recorder. Counters on the per-record path are counted in `Stats` in batches and
 //! published from there, so the hot path pays nothing for metrics.
 
+mod blockers;
 pub(crate) mod events;
 mod health;
 pub(crate) mod health_events;
@@ -33,6 +34,8 @@ pub(crate) struct Telemetry {
     pub(crate) metrics: Instruments,
     /// Per owned partition: lag and head-of-line gauges.
     partitions: Mutex<partitions::PartitionGauges>,
+    /// Per owned partition: the records that retried, to name the head-of-line blocker.
+    retrying: Mutex<blockers::Retrying>,
     /// How long the poll thread may go without a turn and still be live.
     live_within: Duration,
 }
@@ -44,6 +47,7 @@ impl Telemetry {
             stats: Arc::default(),
             metrics: Instruments::new(name, group),
             partitions: Mutex::default(),
+            retrying: Mutex::default(),
             live_within,
         }
     }
@@ -51,6 +55,6 @@ impl Telemetry {
     /// Copies the counters and gauges of [`Stats`] to the metrics recorder (every second from the
     /// poll thread, and before each scrape).
     pub(crate) fn publish(&self) {
-        self.metrics.publish(&self.stats.snapshot(), self.not_ready().is_empty());
+        self.metrics.publish(&self.stats.snapshot(), &self.stats, self.not_ready().is_empty());
     }
 }

@@ -3,6 +3,7 @@
 //! committable prefix back.
 
 use super::Telemetry;
+use super::blockers::Blocker;
 use super::instruments::{COMMITTED_LAG, LAG, OLDEST};
 use crate::state::assignments::Assignments;
 use metrics::Gauge;
@@ -37,6 +38,8 @@ pub(crate) struct PartitionStatus {
     pub(crate) in_flight: usize,
     /// How long the completed prefix has stood at `completed` with records unfinished.
     pub(crate) head_of_line_age_s: f64,
+    /// The head-of-line record, when it has retried: its key, failed attempts and last error.
+    pub(crate) blocker: Option<Blocker>,
     pub(crate) paused: bool,
 }
 
@@ -49,6 +52,7 @@ impl Telemetry {
     pub(crate) fn observe_partitions(&self, report: &Statistics, owned: &Assignments, read_committed: bool) {
         let now = Instant::now();
         let mut gauges = self.partitions.lock().unwrap_or_else(|p| p.into_inner());
+        let mut retrying = self.retrying.lock().unwrap_or_else(|p| p.into_inner());
         let mut seen = Vec::new();
         for (topic, t) in &report.topics {
             for (&partition, p) in t.partitions.iter().filter(|(id, _)| **id >= 0) {
@@ -76,9 +80,13 @@ impl Telemetry {
                     }
                 }
                 // The head of line: the first unfinished record holds the prefix at `done`.
+                if g.epoch != handle.epoch {
+                    retrying.forget(topic, partition);
+                }
                 if g.epoch != handle.epoch || g.head != done || handle.buffered() == 0 {
                     (g.epoch, g.head, g.since) = (handle.epoch, done, now);
                 }
+                let blocker = done.filter(|_| handle.buffered() > 0).and_then(|d| retrying.at(topic, partition, d));
                 let age = (now - g.since).as_secs_f64();
                 g.oldest.set(age);
                 g.last = PartitionStatus {
@@ -89,6 +97,7 @@ impl Telemetry {
                     completed: done,
                     in_flight: handle.buffered(),
                     head_of_line_age_s: age,
+                    blocker,
                     paused: handle.is_paused(),
                 };
             }
@@ -96,6 +105,7 @@ impl Telemetry {
         gauges.retain(|key, g| {
             let keep = seen.contains(key);
             if !keep {
+                retrying.forget(&key.0, key.1);
                 for gauge in [&g.lag, &g.committed_lag, &g.oldest] {
                     gauge.set(0.0);
                 }

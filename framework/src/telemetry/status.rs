@@ -61,7 +61,8 @@ impl Telemetry {
         }
         html.push_str(
             "<h2>Partitions</h2><table id=\"partitions\"><tr><th>topic</th><th>partition</th><th>end</th>\
-             <th>committed</th><th>lag</th><th>in flight</th><th>head of line</th><th>held for (s)</th></tr>",
+             <th>committed</th><th>lag</th><th>in flight</th><th>head of line</th><th>held for (s)</th>\
+             <th>blocker (key, failed attempts, last error)</th></tr>",
         );
         for p in status["partitions"].as_array().into_iter().flatten() {
             let (end, committed) = (p["end"].as_i64(), p["committed"].as_i64());
@@ -72,13 +73,14 @@ impl Telemetry {
             let _ = write!(
                 html,
                 "<tr data-partition=\"{topic}/{partition}\"{class}><td>{topic}</td><td>{partition}</td><td>{end}</td>\
-                 <td>{committed}</td><td class=\"lag\">{lag}</td><td>{in_flight}</td><td>{head}</td><td>{age:.1}</td></tr>",
+                 <td>{committed}</td><td class=\"lag\">{lag}</td><td>{in_flight}</td><td>{head}</td><td>{age:.1}</td><td class=\"blocker\">{blocker}</td></tr>",
                 topic = escape(p["topic"].as_str().unwrap_or_default()),
                 partition = p["partition"],
                 class = if stuck { " class=\"stuck\"" } else { "" },
                 end = end.map(|e| e.to_string()).unwrap_or_default(),
                 committed = committed.map(|c| c.to_string()).unwrap_or_default(),
                 head = if in_flight > 0 { p["completed"].to_string() } else { String::new() },
+                blocker = blocker(&p["blocker"]),
             );
         }
         html.push_str("</table><h2>Counters</h2><table id=\"counters\">");
@@ -94,6 +96,19 @@ impl Telemetry {
         );
         html
     }
+}
+
+/// A retrying head-of-line record: `key · N failed · error`.
+fn blocker(b: &Value) -> String {
+    if b.is_null() {
+        return String::new();
+    }
+    escape(&format!(
+        "{} · {} failed · {}",
+        b["key"].as_str().unwrap_or("(no key)"),
+        b["failed_attempts"],
+        b["last_error"].as_str().unwrap_or_default()
+    ))
 }
 
 fn escape(text: &str) -> String {

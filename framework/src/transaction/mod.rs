@@ -111,6 +111,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[derive(Default)]
 struct OpenTxn {
     began: bool,
+    /// When it began (set with `began`).
+    began_at: Option<Instant>,
     /// Partitions with work in it, and the offset each commits (outputs were taken below it).
     parts: Vec<(Arc<PartitionHandle>, i64)>,
     /// Dedup keys whose changelog entries are in it.
@@ -168,6 +170,11 @@ impl Transactions {
     /// Initialises the producer (see [`TxnClient::init`]).
     pub(crate) fn init(&self, stop: &CancellationToken) -> Result<(), KafkaError> {
         self.client.init(stop)
+    }
+
+    /// Messages the transactional producer holds that the broker has not acknowledged yet.
+    pub(crate) fn queued(&self) -> i32 {
+        self.client.get().in_flight_count()
     }
 
     /// The error that stopped this instance's transactions, if any.
@@ -228,6 +235,7 @@ impl Transactions {
                     });
                 }
                 open.began = true;
+                open.began_at = Some(Instant::now());
                 Stats::bump(&self.telemetry.stats.commits);
             }
             let now = crate::clock::now_ms();
@@ -319,6 +327,7 @@ impl Transactions {
             pumped,
             offsets_sent,
             took: started.elapsed(),
+            open_for: done.began_at.map_or(Duration::ZERO, |t| t.elapsed()),
         }
         .emit(&self.telemetry);
         drop(open);
