@@ -111,6 +111,62 @@ async fn metrics_and_health_match_what_was_produced() -> Result<()> {
     Ok(())
 }
 
+/// Emits one output per record.
+struct Echo(String);
+
+impl Processor for Echo {
+    async fn process(&self, record: &Record, ctx: &Context) -> Result<(), ProcessError> {
+        ctx.emit(millrace::OutputRecord::to(&self.0).value(record.value.clone().unwrap_or_default())).await?;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_metrics_count_dedup_misses_and_transactions() -> Result<()> {
+    init_logs();
+    const UNIQUE: usize = 30;
+    const REPEATED: usize = 10;
+    let (topic, out, group) = (unique("observed-eos"), unique("observed-eos-out"), unique("observed-eos-group"));
+    create_topic(&topic, 1).await?;
+    create_topic(&out, 1).await?;
+    // 30 events, then the first 10 again (redelivered by an upstream retry): 30 misses, 10 hits.
+    let event = |i: usize| {
+        let header = vec![("idempotency-key".to_owned(), format!("evt-{i}").into_bytes())];
+        (Some(format!("k{i}").into_bytes()), Some(format!("v{i}").into_bytes()), header)
+    };
+    produce_raw(&topic, (0..UNIQUE).chain(0..REPEATED).map(event)).await?;
+    let dir = std::env::temp_dir().join(unique("observed-eos-dedup"));
+    let config = PipelineConfig::new(bootstrap(), &group, [&topic])
+        .commit_interval(Duration::from_millis(200))
+        .exactly_once(millrace::ExactlyOnce::default().transactional_id(unique("observed-eos-txn")))
+        .dedup(millrace::DedupConfig::new(&dir))
+        .http("127.0.0.1:0".parse()?);
+    let pipeline = Pipeline::new(config, Echo(out.clone()))?;
+    let base = format!("http://{}", pipeline.http_addr().context("bound")?);
+    let (stop, stats) = (pipeline.shutdown_token(), pipeline.stats());
+    let run = tokio::spawn(pipeline.run());
+
+    let label = format!(r#"pipeline="{group}""#);
+    let metrics = until(&format!("{base}/metrics"), Duration::from_secs(60), |_, body| {
+        let committed = sample(body, "millrace_transactions_committed_total", &[&label]).unwrap_or(0.0);
+        sample(body, "millrace_dedup_hits_total", &[&label]) == Some(REPEATED as f64)
+            && sample(body, "millrace_consumer_committed_lag_records", &[&label]) == Some(0.0)
+            && sample(body, "millrace_transaction_duration_seconds_count", &[&label]) == Some(committed)
+    })
+    .await?;
+    assert_eq!(sample(&metrics, "millrace_dedup_misses_total", &[&label]), Some(UNIQUE as f64), "{metrics}");
+    assert_eq!(sample(&metrics, "millrace_producer_queue_messages", &[&label]), Some(0.0), "all acknowledged");
+    let s = stats.snapshot();
+    assert!(s.transactions_committed >= 1, "{s:?}");
+    assert_eq!((s.dedup_misses, s.dedup_hits, s.processed), (UNIQUE as u64, REPEATED as u64, UNIQUE as u64));
+    assert_eq!(read_topic_as(&out, Isolation::ReadCommitted)?.len(), UNIQUE, "one output per event");
+
+    stop.cancel();
+    run.await??;
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
 #[tokio::test]
 async fn readiness_says_why_when_the_cluster_cannot_be_reached() -> Result<()> {
     init_logs();

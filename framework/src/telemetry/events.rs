@@ -222,7 +222,6 @@ impl TransactionCommitted {
         t.stats.committed_outputs.fetch_add(self.outputs, Relaxed);
         t.metrics.commit.record(self.took.as_secs_f64());
         t.metrics.transaction.record(self.open_for.as_secs_f64());
-        t.metrics.transaction.record(self.open_for.as_secs_f64());
         tracing::debug!(pipeline = %t.name, outputs = self.outputs, partitions = self.partitions, pumped = ?self.pumped,
             offsets_sent = ?self.offsets_sent, took = ?self.took, "transaction committed");
     }
