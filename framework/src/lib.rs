@@ -84,6 +84,8 @@ pub mod envelope;
 pub mod error;
 mod histogram;
 mod limit;
+#[cfg(feature = "otel")]
+pub mod otel;
 pub mod guarantees {
     #![doc = include_str!("../../docs/guarantees.md")]
 }

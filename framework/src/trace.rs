@@ -1,7 +1,8 @@
 //! W3C Trace Context (`traceparent`, `tracestate`) carried through a pipeline.
 //!
 //! A record whose headers hold a valid `traceparent` is processed as a span of that trace: a span id
-//! of its own is drawn, and every output the processor emits ([`Context::emit`](crate::Context::emit))
+//! of its own is drawn (with the `otel` feature and its layer, the id of the span exported over OTLP,
+//! see `millrace::otel`), and every output the processor emits ([`Context::emit`](crate::Context::emit))
 //! gets `traceparent` = the same trace id with this span as parent, and the input's `tracestate`,
 //! unless the processor set those headers itself. A record without one starts no trace (Millrace
 //! continues traces; it does not invent them). DLQ records keep every input header untouched, the
@@ -88,6 +89,27 @@ impl TraceContext {
     /// The `traceparent` for outputs: this trace, with this record's span as parent.
     pub fn traceparent(&self) -> String {
         format!("00-{}-{}-{}", self.trace_id, self.span_id, self.flags)
+    }
+
+    /// The trace flags (2 hex digits).
+    pub fn flags(&self) -> &str {
+        &self.flags
+    }
+
+    /// The input's `tracestate`, if it had one.
+    pub fn state(&self) -> Option<&[u8]> {
+        self.state.as_deref()
+    }
+
+    /// The trace context of one processing attempt, whose span is `span`: this record's, with the
+    /// span id the OpenTelemetry layer gave `span` when the `otel` feature exports it.
+    pub(crate) fn for_attempt(&self, span: &tracing::Span) -> Self {
+        #[cfg(feature = "otel")]
+        if let Some(span_id) = crate::otel::adopt(span, self) {
+            return Self { span_id, ..self.clone() };
+        }
+        let _ = span;
+        self.clone()
     }
 
     /// Adds `traceparent` (and `tracestate`) to `headers` unless they hold a `traceparent` already.

@@ -43,15 +43,19 @@ pub(crate) async fn attempt_until_done<P: Processor>(
     let trace = TraceContext::of(&record.headers);
     let time_limit = shared.config.effective_attempt_timeout();
     loop {
-        let ctx =
-            Context::new(attempt, epoch, idempotency_key.map(<[u8]>::to_vec), trace.clone(), shared.handles.clone());
         // A span per attempt that the processor's own events inherit (off unless the subscriber
-        // enables target `millrace::record` at debug level: its cost is one callsite check).
+        // enables target `millrace::record` at debug level: its cost is one callsite check). With
+        // the `otel` feature, it is exported as a child of the input's `traceparent`.
         let span = tracing::debug_span!(target: "millrace::record", "record",
             topic = %record.topic, partition = record.partition, offset = record.offset,
             key = record.key_str().unwrap_or_default(), attempt,
-            trace_id = trace.as_ref().map_or("", TraceContext::trace_id),
-            span_id = trace.as_ref().map_or("", TraceContext::span_id));
+            trace_id = trace.as_ref().map_or("", TraceContext::trace_id), span_id = tracing::field::Empty);
+        let attempt_trace = trace.as_ref().map(|t| t.for_attempt(&span));
+        if let Some(t) = &attempt_trace {
+            span.record("span_id", t.span_id());
+        }
+        let ctx =
+            Context::new(attempt, epoch, idempotency_key.map(<[u8]>::to_vec), attempt_trace, shared.handles.clone());
         // A retry waits while the breaker is open instead of churning; half-open, one attempt probes.
         let Some(probe) = shared.breaker.gate(cancel).await else { return Ok(Outcome::Abandoned) };
         if let Some(limit) = &shared.rate_limit {
