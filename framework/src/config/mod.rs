@@ -3,13 +3,14 @@
 mod downstream;
 mod operate;
 mod parts;
+pub mod properties;
 
 pub use downstream::RateLimit;
+pub use properties::KafkaProperties;
 pub use parts::{Bounds, CircuitBreakerConfig, Delivery, DlqConfig, ExactlyOnce, ProcessingOrder};
 
 use crate::error::ConfigError;
 use crate::retry::RetryPolicy;
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Environment variable naming the brokers, used by [`PipelineConfig::bootstrap_from_env`].
@@ -86,11 +87,11 @@ pub struct PipelineConfig {
     /// At-least-once (default) or exactly-once in Kafka transactions.
     pub delivery: Delivery,
     /// Properties for both the consumer and the producer.
-    pub kafka: BTreeMap<String, String>,
+    pub kafka: KafkaProperties,
     /// Consumer-only properties.
-    pub consumer: BTreeMap<String, String>,
+    pub consumer: KafkaProperties,
     /// Producer-only properties.
-    pub producer: BTreeMap<String, String>,
+    pub producer: KafkaProperties,
     /// How long an owned partition may make no progress, with records ahead of it and none of them
     /// held by Millrace, before it is reported as stalled: logged once at error level (topic,
     /// partition, position, end) and counted in
@@ -145,9 +146,9 @@ impl PipelineConfig {
             circuit_breaker: CircuitBreakerConfig::default(),
             dedup: None,
             delivery: Delivery::AtLeastOnce,
-            kafka: BTreeMap::new(),
-            consumer: BTreeMap::new(),
-            producer: BTreeMap::new(),
+            kafka: KafkaProperties::default(),
+            consumer: KafkaProperties::default(),
+            producer: KafkaProperties::default(),
             stall_timeout: Duration::from_secs(60),
             blocked_poll_threshold: Duration::from_secs(1),
             startup_timeout: None,

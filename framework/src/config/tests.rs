@@ -63,3 +63,34 @@ fn names_the_field_at_fault() {
     }
     assert!(ok().validate().is_ok());
 }
+
+#[test]
+fn debug_never_shows_a_secret() {
+    let config = ok()
+        .kafka_property("security.protocol", "SASL_SSL")
+        .kafka_property("sasl.username", "billing")
+        .kafka_property("sasl.password", "hunter2-pw")
+        .consumer_property("ssl.key.pem", "-----BEGIN PRIVATE KEY-----pem-secret")
+        .producer_property("sasl.oauthbearer.client.secret", "oauth-secret");
+    let shown = format!("{config:?} {config:#?}");
+    for secret in ["hunter2-pw", "pem-secret", "oauth-secret"] {
+        assert!(!shown.contains(secret), "{secret} shown in {shown}");
+    }
+    assert!(shown.contains("SASL_SSL") && shown.contains("billing") && shown.contains(properties::REDACTED));
+}
+
+#[test]
+fn a_rejected_secret_property_is_named_but_not_shown() {
+    // A Java client's property: librdkafka rejects it, and its error carries the value.
+    let jaas = r#"org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="hunter2-pw";"#;
+    let config = ok().kafka_property("sasl.jaas.config", jaas);
+    struct Noop;
+    impl crate::Processor for Noop {
+        async fn process(&self, _: &crate::Record, _: &crate::Context) -> Result<(), crate::ProcessError> {
+            Ok(())
+        }
+    }
+    let err = crate::Pipeline::new(config, Noop).err().expect("rejected");
+    let shown = format!("{err} {err:?}");
+    assert!(shown.contains("sasl.jaas.config") && !shown.contains("hunter2-pw"), "{shown}");
+}

@@ -12,6 +12,7 @@ use std::time::Duration;
 pub(crate) fn client_creation(which: &'static str) -> impl Fn(KafkaError) -> Error {
     move |e| match e {
         KafkaError::ClientConfig(_, desc, key, value) => {
+            let value = crate::config::properties::shown(&key, &value);
             Error::Config(ConfigError::new(key, format!("{desc} (value {value:?}, {which} client)")))
         }
         KafkaError::ClientCreation(msg) => Error::Config(ConfigError::new(which, msg)),
