@@ -3,7 +3,7 @@
 # What a build and a local broker need on Debian/Ubuntu: a C/C++ toolchain, pkg-config, OpenSSL and
 # zlib headers (librdkafka, openssl-sys), libclang (bindgen in librocksdb-sys: "Unable to find
 # libclang" after minutes of building without it), a JDK 17+ and Maven (the broker's jars).
-MILLRACE_PACKAGES=(build-essential pkg-config libssl-dev zlib1g-dev libclang-dev)
+MILLRACE_PACKAGES=(build-essential pkg-config libssl-dev zlib1g-dev libclang-dev openssl)
 MILLRACE_JAVA_PACKAGES=(openjdk-17-jdk-headless maven)
 
 # Checks the system packages and tools before anything is built (a second or two), and installs the

@@ -12,6 +12,11 @@ pub struct Cli {
     /// Kafka bootstrap servers (comma-separated host:port).
     #[arg(long, global = true, env = "KAFKA_BOOTSTRAP_SERVERS", default_value = "127.0.0.1:9092")]
     pub bootstrap: String,
+    /// Kafka client properties for a secured cluster (a Java properties file: security.protocol,
+    /// sasl.mechanism, sasl.username, sasl.password, ssl.ca.location, ...); environment variables
+    /// MILLRACE_KAFKA_<NAME> (e.g. MILLRACE_KAFKA_SASL_PASSWORD) set or override single properties.
+    #[arg(long, global = true, env = "MILLRACE_COMMAND_CONFIG", value_name = "FILE")]
+    pub command_config: Option<std::path::PathBuf>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

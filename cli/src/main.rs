@@ -12,6 +12,7 @@
 //! was interrupted by a signal after committing its progress).
 
 mod args;
+mod client;
 mod filter;
 mod list;
 mod progress;
@@ -53,6 +54,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: &Cli) -> Result<ExitCode> {
+    client::init(cli.command_config.as_deref())?;
     let bootstrap = cli.bootstrap();
     match &cli.command {
         Command::Dlq(DlqCommand::Stats(a)) => stats::run(bootstrap, a).await?,

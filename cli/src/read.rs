@@ -4,6 +4,7 @@
 //! group id, the start of each partition is the group's committed offset, and the caller may commit
 //! through [`TopicScan::commit`]; without one, the scan starts at the beginning.
 
+use crate::client::Hooks;
 use anyhow::{Context as _, Result, anyhow, bail};
 use millrace::Record;
 use millrace::dlq::DlqInfo;
@@ -54,20 +55,27 @@ impl DlqRecord {
     }
 }
 
-/// Client settings shared by the tool's consumers and producers.
+/// Client settings shared by the tool's consumers and producers: the brokers, and the properties of
+/// [`crate::client`] (`--command-config`, `MILLRACE_KAFKA_*`).
 pub fn client_config(bootstrap: &str) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", bootstrap).set("socket.connection.setup.timeout.ms", "10000");
+    // Error-level lines reach the context (which keeps why a broker refused the connection); the
+    // tool installs no logger, so without this librdkafka would be told to log nothing.
+    c.set_log_level(rdkafka::config::RDKafkaLogLevel::Error);
+    for (k, v) in crate::client::properties() {
+        c.set(k, v);
+    }
     c
 }
 
 /// An idempotent producer (`acks=all`) for replays.
-pub fn producer(bootstrap: &str) -> Result<FutureProducer> {
+pub fn producer(bootstrap: &str) -> Result<FutureProducer<Hooks>> {
     client_config(bootstrap)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "5")
-        .create()
+        .create_with_context(Hooks)
         .context("creating the Kafka producer")
 }
 
@@ -92,12 +100,18 @@ pub fn partition_count<C: rdkafka::client::ClientContext>(
 
 /// The error for a request the broker did not answer.
 pub fn unreachable_error(bootstrap: &str, e: KafkaError) -> anyhow::Error {
-    anyhow!("cannot reach Kafka at {bootstrap}: {e} (set --bootstrap or KAFKA_BOOTSTRAP_SERVERS)")
+    match crate::client::refused() {
+        Some(reason) => anyhow!(
+            "Kafka at {bootstrap} refused this client: {reason} (check the credentials and certificates in \
+             --command-config or MILLRACE_KAFKA_*)"
+        ),
+        None => anyhow!("cannot reach Kafka at {bootstrap}: {e} (set --bootstrap or KAFKA_BOOTSTRAP_SERVERS)"),
+    }
 }
 
 /// A single pass over a topic up to the end offsets captured at open.
 pub struct TopicScan {
-    consumer: StreamConsumer,
+    consumer: StreamConsumer<Hooks>,
     /// The topic read (shared by the records read).
     topic: Arc<str>,
     bootstrap: String,
@@ -126,7 +140,8 @@ impl TopicScan {
         // librdkafka needs a group id to assign partitions; without the caller's group this one is
         // only a name: nothing is committed under it and assign() never joins it.
         config.set("group.id", group.unwrap_or("millrace-cli-reader"));
-        let consumer: StreamConsumer = config.create().context("creating the Kafka consumer")?;
+        let consumer: StreamConsumer<Hooks> =
+            config.create_with_context(Hooks).context("creating the Kafka consumer")?;
         let partitions = partition_count(consumer.client(), bootstrap, topic)?
             .ok_or_else(|| anyhow!("topic {topic} does not exist (at {bootstrap})"))?;
         let committed = match group {

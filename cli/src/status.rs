@@ -61,12 +61,17 @@ pub async fn run(bootstrap: &str, a: &StatusArgs) -> Result<()> {
 /// Committed offset, end and lag of every partition `group` committed to, in `topics` (all topics
 /// but Kafka's internal ones when empty).
 pub fn group_lag(bootstrap: &str, group: &str, topics: &[String]) -> Result<Vec<PartitionLag>> {
-    let consumer: BaseConsumer = client_config(bootstrap)
+    let consumer: BaseConsumer<crate::client::Hooks> = client_config(bootstrap)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
-        .create()
+        .create_with_context(crate::client::Hooks)
         .context("creating the Kafka consumer")?;
-    let metadata = consumer.fetch_metadata(None, REQUEST_TIMEOUT).map_err(|e| unreachable_error(bootstrap, e))?;
+    let metadata = consumer.fetch_metadata(None, REQUEST_TIMEOUT).map_err(|e| {
+        // librdkafka queues its log lines for the consumer's poll: serve them, so that the error
+        // can say why a broker refused the connection.
+        let _ = consumer.poll(std::time::Duration::ZERO);
+        unreachable_error(bootstrap, e)
+    })?;
     let mut tpl = TopicPartitionList::new();
     for t in metadata.topics() {
         let wanted = if topics.is_empty() { !t.name().starts_with("__") } else { topics.iter().any(|n| n == t.name()) };

@@ -44,6 +44,7 @@ pub(crate) fn reach<C: ConsumerContext>(
     stop: &CancellationToken,
     stats: &Stats,
     topics: &mut TopicWatch,
+    refused: impl Fn() -> Option<Error>,
 ) -> Result<(), Error> {
     let started = Instant::now();
     let bootstrap = &config.bootstrap_servers;
@@ -62,6 +63,10 @@ pub(crate) fn reach<C: ConsumerContext>(
             }
             Err(e) => {
                 stats.cluster_unreachable.store(1, Relaxed);
+                // Wrong credentials or an untrusted certificate: waiting longer cannot help.
+                if let Some(fatal) = refused() {
+                    return Err(fatal);
+                }
                 let waited = started.elapsed();
                 let unreachable = || Error::Unreachable { bootstrap: bootstrap.clone(), waited };
                 if stop.is_cancelled() {

@@ -304,6 +304,17 @@ pub enum Error {
         /// How long the pipeline tried.
         waited: std::time::Duration,
     },
+    /// The cluster refused this client's credentials or certificates: the SASL handshake failed (a
+    /// wrong user or password, a mechanism the broker does not enable), or TLS could not verify a
+    /// certificate (an untrusted CA: check `ssl.ca.location`; a client certificate the broker
+    /// refuses; a host name the broker's certificate does not name). librdkafka's reason is kept,
+    /// and never holds a secret. Retrying cannot help until the configuration changes. Nothing was
+    /// consumed after it.
+    #[error("the cluster refused this client: {reason}")]
+    Refused {
+        /// What librdkafka reported, naming the broker.
+        reason: String,
+    },
     /// An input topic does not exist (never created, or deleted while the pipeline ran) and
     /// [`fail_on_missing_topic`](crate::PipelineConfig::fail_on_missing_topic) is set.
     #[error("input topic {topic} does not exist")]

@@ -216,7 +216,11 @@ impl<P: Processor> Pipeline<P> {
             .name("millrace-poll".into())
             .spawn(move || {
                 let mut topics = TopicWatch::new(&shared.config);
-                let result = cluster::reach(&consumer, &shared.config, &stop, &shared.telemetry.stats, &mut topics);
+                let log = consumer.context().log.clone();
+                let result =
+                    cluster::reach(&consumer, &shared.config, &stop, &shared.telemetry.stats, &mut topics, || {
+                        log.take_fatal()
+                    });
                 let result = result.and_then(|()| match consumer.context().committer.transactions() {
                     // Fences earlier incarnations of this transactional id before consuming.
                     Some(txn) => txn.init(&stop).map_err(Error::Transaction),

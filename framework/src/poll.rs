@@ -166,7 +166,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
                 }
             }
             if let Some(e) = self.hooks().log.take_fatal() {
-                result = Err(Error::Kafka(e));
+                result = Err(e);
                 break;
             }
             if let Err(e) = self.topics.check(self.consumer, &self.shared.telemetry.stats) {

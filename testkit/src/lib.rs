@@ -7,6 +7,7 @@
 //! - offsets: [`end_offsets`], [`watermarks`], [`record_count`], [`committed_offsets`], [`Watermarks`];
 //! - producing: [`produce`], [`keyed_records`], [`produce_raw`];
 //! - reading back: [`read_topic`], [`read_topic_as`], [`TopicReader`];
+//! - the secured listeners: [`secure`];
 //! - child processes: [`Reaped`], [`signal`], [`wait_exit`], [`proc_status_kib`], [`rss_kib`].
 //!
 //! Errors are `anyhow` errors: these are test and benchmark fixtures, whose callers only report them.
@@ -16,6 +17,7 @@ mod offsets;
 mod process;
 mod produce;
 mod read;
+pub mod secure;
 
 pub use admin::{Admin, create_topic, create_topic_with};
 pub use offsets::{Isolation, Watermarks, committed_offsets, end_offsets, record_count, watermarks};

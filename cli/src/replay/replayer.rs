@@ -3,6 +3,7 @@
 use super::output::{Summary, event_line};
 use super::{Action, decide, default_group, replay_output, target_partition};
 use crate::args::ReplayArgs;
+use crate::client::Hooks;
 use crate::filter::Filter;
 use crate::progress::Progress;
 use crate::read::{DlqRecord, TopicScan, partition_count};
@@ -69,9 +70,9 @@ struct Replayer<'a> {
     bootstrap: &'a str,
     scan: TopicScan,
     /// Sends the replays; `None` in a dry run.
-    producer: Option<FutureProducer>,
+    producer: Option<FutureProducer<Hooks>>,
     /// Answers metadata requests on connections of its own (the consumer's may be busy with a fetch).
-    metadata: FutureProducer,
+    metadata: FutureProducer<Hooks>,
     pending: VecDeque<Pending>,
     /// Per partition, the next offset to commit (finished prefix).
     finished: BTreeMap<i32, i64>,
@@ -276,8 +277,8 @@ pub async fn run(bootstrap: &str, args: &ReplayArgs) -> Result<Summary> {
     let filter = args.filter.to_filter()?;
     let group = args.group.clone().unwrap_or_else(|| default_group(&args.topic, &filter));
     let scan = TopicScan::open(bootstrap, &args.topic, Some(&group))?;
-    let metadata: FutureProducer = if args.dry_run {
-        crate::read::client_config(bootstrap).create().context("creating the Kafka client")?
+    let metadata: FutureProducer<Hooks> = if args.dry_run {
+        crate::read::client_config(bootstrap).create_with_context(Hooks).context("creating the Kafka client")?
     } else {
         crate::read::producer(bootstrap)?
     };

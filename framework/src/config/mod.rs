@@ -6,8 +6,8 @@ mod parts;
 pub mod properties;
 
 pub use downstream::RateLimit;
-pub use properties::KafkaProperties;
 pub use parts::{Bounds, CircuitBreakerConfig, Delivery, DlqConfig, ExactlyOnce, ProcessingOrder};
+pub use properties::KafkaProperties;
 
 use crate::error::ConfigError;
 use crate::retry::RetryPolicy;

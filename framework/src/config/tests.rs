@@ -82,7 +82,8 @@ fn debug_never_shows_a_secret() {
 #[test]
 fn a_rejected_secret_property_is_named_but_not_shown() {
     // A Java client's property: librdkafka rejects it, and its error carries the value.
-    let jaas = r#"org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="hunter2-pw";"#;
+    let jaas =
+        r#"org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="hunter2-pw";"#;
     let config = ok().kafka_property("sasl.jaas.config", jaas);
     struct Noop;
     impl crate::Processor for Noop {

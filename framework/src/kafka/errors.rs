@@ -6,6 +6,19 @@
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
+/// Errors a client reports with their reason, after which it cannot connect until its configuration
+/// changes: the SASL handshake refused the credentials (a wrong password, a mechanism the broker does
+/// not enable), or TLS could not verify a certificate (an untrusted CA, a client certificate the
+/// broker refuses, a host name that does not match). librdkafka retries both forever; a Java client
+/// throws them to the application. Other TLS errors (a connection dropped mid-handshake) are retried.
+pub(crate) fn refuses_connection(e: &KafkaError, reason: &str) -> bool {
+    match e.rdkafka_error_code() {
+        Some(RDKafkaErrorCode::Authentication) => true,
+        Some(RDKafkaErrorCode::SSL) => reason.contains("certificate"),
+        _ => false,
+    }
+}
+
 /// Errors after which a member cannot go on: authorization failures, or librdkafka's fatal state.
 pub(crate) fn is_fatal(e: &KafkaError) -> bool {
     use RDKafkaErrorCode::*;

@@ -1,7 +1,8 @@
 //! librdkafka's logs and errors, routed to `tracing` with repeats throttled: a broker outage reports
 //! the same error many times a second, which must not flood the logs while the client retries.
 
-use crate::kafka::errors::is_fatal;
+use crate::error::Error;
+use crate::kafka::errors::{is_fatal, refuses_connection};
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
@@ -20,7 +21,7 @@ pub(crate) struct KafkaLog {
     pub(crate) name: String,
     /// Per warning text: when it was last logged and how many repeats were suppressed since.
     recent: Mutex<HashMap<String, (Instant, u64)>>,
-    fatal: Mutex<Option<KafkaError>>,
+    fatal: Mutex<Option<Error>>,
 }
 
 impl KafkaLog {
@@ -49,16 +50,20 @@ impl KafkaLog {
 
     /// Handles an error reported by a client: fatal ones are kept for the poll loop to stop on.
     pub(crate) fn error(&self, error: KafkaError, reason: &str) {
-        if is_fatal(&error) {
+        if refuses_connection(&error, reason) {
+            tracing::error!(pipeline = %self.name, %error, reason, "the cluster refused this client; stopping");
+            let refused = Error::Refused { reason: reason.to_owned() };
+            self.fatal.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(refused);
+        } else if is_fatal(&error) {
             tracing::error!(pipeline = %self.name, %error, reason, "fatal Kafka error");
-            self.fatal.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(error);
+            self.fatal.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(Error::Kafka(error));
         } else {
             self.warn("Kafka client error", &format!("{error} ({reason})"));
         }
     }
 
     /// Takes the fatal error, if one was reported.
-    pub(crate) fn take_fatal(&self) -> Option<KafkaError> {
+    pub(crate) fn take_fatal(&self) -> Option<Error> {
         self.fatal.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
@@ -102,6 +107,12 @@ mod tests {
         assert!(log.take_fatal().is_none(), "an outage is retried, not fatal");
         log.error(KafkaError::Global(RDKafkaErrorCode::GroupAuthorizationFailed), "denied");
         assert!(log.take_fatal().is_some());
+        log.error(KafkaError::Global(RDKafkaErrorCode::SSL), "SSL handshake failed: Disconnected");
+        assert!(log.take_fatal().is_none(), "a handshake cut short is retried");
+        let reason = "SSL handshake failed: certificate verify failed: broker certificate could not be verified";
+        log.error(KafkaError::Global(RDKafkaErrorCode::SSL), reason);
+        let refused = log.take_fatal().map(|e| e.to_string()).unwrap_or_default();
+        assert!(refused.contains("certificate verify failed"), "{refused}");
     }
 
     #[test]

@@ -1,0 +1,105 @@
+//! A secured broker (scripts/kafka's SASL_SSL and mTLS listeners, ACLs enforced): pipelines connect
+//! with SCRAM-SHA-512 over TLS in both delivery modes and with a client certificate, and process
+//! everything; a wrong password and an untrusted CA stop the pipeline with an error that says so,
+//! within a bounded time, and print no secret.
+
+use anyhow::{Context as _, Result};
+use millrace::{Context, ExactlyOnce, OutputRecord, Pipeline, PipelineConfig, ProcessError, Processor, Record};
+use millrace_integration_tests::*;
+use millrace_testkit::secure::{self, ALICE};
+use std::time::Duration;
+
+/// Copies every record to its output topic.
+struct Copy(String);
+
+impl Processor for Copy {
+    async fn process(&self, record: &Record, ctx: &Context) -> Result<(), ProcessError> {
+        ctx.emit(OutputRecord::to(&self.0).value(record.value.clone().unwrap_or_default())).await?;
+        Ok(())
+    }
+}
+
+fn secured(mut config: PipelineConfig, properties: Vec<(String, String)>) -> PipelineConfig {
+    for (k, v) in properties {
+        config = config.kafka_property(k, v);
+    }
+    config
+}
+
+/// Runs a copying pipeline over `bootstrap` with `properties` until it committed all of `N` records;
+/// returns the outputs read back over the plaintext listener.
+async fn copies_everything(bootstrap: String, properties: Vec<(String, String)>, exactly_once: bool) -> Result<()> {
+    const N: usize = 40;
+    let (input, out, group) = (unique("secured-in"), unique("secured-out"), unique("secured-group"));
+    create_topic(&input, 2).await?;
+    create_topic(&out, 1).await?;
+    produce(&input, keyed_records(N, 8)).await?;
+    let mut config = PipelineConfig::new(bootstrap, &group, [&input]).commit_interval(Duration::from_millis(100));
+    if exactly_once {
+        config = config.exactly_once(ExactlyOnce::default().transactional_id(format!("{group}-tx")));
+    }
+    let pipeline = Pipeline::new(secured(config, properties), Copy(out.clone()))?;
+    let stop = pipeline.shutdown_token();
+    let run = tokio::spawn(pipeline.run());
+    committed_to_end(&group, &input, 2, Duration::from_secs(60)).await?;
+    stop.cancel();
+    run.await??;
+    let isolation = if exactly_once { Isolation::ReadCommitted } else { Isolation::ReadUncommitted };
+    let outputs = read_topic_as(&out, isolation)?;
+    assert_eq!(outputs.len(), N, "every record copied once over the secured listener");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scram_over_tls_at_least_once() -> Result<()> {
+    init_logs();
+    copies_everything(secure::sasl_bootstrap(), secure::scram_properties(ALICE), false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scram_over_tls_exactly_once() -> Result<()> {
+    init_logs();
+    copies_everything(secure::sasl_bootstrap(), secure::scram_properties(ALICE), true).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_with_a_client_certificate() -> Result<()> {
+    init_logs();
+    copies_everything(secure::mtls_bootstrap(), secure::mtls_properties(), false).await
+}
+
+/// Runs a pipeline that cannot connect, with no `startup_timeout` (so it would retry for ever);
+/// returns its error's text, which must come within `within`.
+async fn refused(bootstrap: String, properties: Vec<(String, String)>, within: Duration) -> Result<String> {
+    let (input, group) = (unique("secured-refused"), unique("secured-refused-group"));
+    create_topic(&input, 1).await?;
+    let config = PipelineConfig::new(bootstrap, &group, [&input]);
+    let pipeline = Pipeline::new(secured(config, properties), Copy(unique("unused")))?;
+    let ended = tokio::time::timeout(within, pipeline.run()).await.context("the pipeline kept retrying")?;
+    let err = ended.err().context("a pipeline that cannot connect must not succeed")?;
+    assert!(matches!(err, millrace::Error::Refused { .. }), "{err:?}");
+    Ok(format!("{err} | {err:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_stops_the_pipeline_saying_so() -> Result<()> {
+    init_logs();
+    let text =
+        refused(secure::sasl_bootstrap(), secure::scram_properties(("alice", "not-her-pw")), Duration::from_secs(30))
+            .await?;
+    assert!(text.to_lowercase().contains("authentication"), "{text}");
+    assert!(!text.contains("not-her-pw"), "the password is not printed: {text}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_ca_stops_the_pipeline_saying_so() -> Result<()> {
+    init_logs();
+    let mut properties = secure::scram_properties(ALICE);
+    properties.retain(|(k, _)| k != "ssl.ca.location");
+    properties.push(("ssl.ca.location".into(), secure::tls_file("other-ca.crt")));
+    let text = refused(secure::sasl_bootstrap(), properties, Duration::from_secs(30)).await?;
+    assert!(text.to_lowercase().contains("certificate"), "{text}");
+    assert!(!text.contains("alice-secret"), "the password is not printed: {text}");
+    Ok(())
+}
