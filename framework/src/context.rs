@@ -94,6 +94,8 @@ pub(crate) struct RuntimeHandles {
     pub(crate) max_output_bytes: usize,
     /// Exactly-once: output topics known to exist.
     pub(crate) output_topics: crate::kafka::output_topics::OutputTopics,
+    /// The pipeline's client errors, and its fatal one (a refused output stops the pipeline).
+    pub(crate) log: std::sync::Arc<crate::kafka::log::KafkaLog>,
 }
 
 impl Context {
@@ -226,7 +228,14 @@ impl Context {
         }
         if self.handles.transactional {
             // A missing topic would abort the whole transaction: fail this attempt instead.
-            self.handles.output_topics.check(&self.handles.producer, &record.topic).await?;
+            if let Err(e) = self.handles.output_topics.check(&self.handles.producer, &record.topic).await {
+                if let EmitError::NotAcknowledged { source, .. } = &e
+                    && let Some(refused) = crate::kafka::errors::write_refused("output topic", &record.topic, source)
+                {
+                    self.handles.log.stop_with(refused);
+                }
+                return Err(e);
+            }
             self.buffered.lock().expect("buffered outputs lock").push(record);
             return Ok(());
         }
@@ -255,7 +264,14 @@ impl Context {
     pub(crate) async fn acknowledged(self) -> Result<Vec<OutputRecord>, EmitError> {
         let pending = self.pending.into_inner().expect("pending outputs lock");
         for (topic, delivery) in pending {
-            produce::acknowledged(&topic, delivery).await?;
+            if let Err(e) = produce::acknowledged(&topic, delivery).await {
+                if let EmitError::NotAcknowledged { source, .. } = &e
+                    && let Some(refused) = crate::kafka::errors::write_refused("output topic", &topic, source)
+                {
+                    self.handles.log.stop_with(refused);
+                }
+                return Err(e);
+            }
         }
         Ok(self.buffered.into_inner().expect("buffered outputs lock"))
     }

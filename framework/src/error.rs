@@ -220,10 +220,11 @@ pub enum EmitError {
 
 impl From<EmitError> for ProcessError {
     /// An unacknowledged output is transient: the record is retried (at-least-once). An output the
-    /// broker rejects for good (too large, an invalid topic, no write permission: the same list that
-    /// exactly-once mode dead-letters at once) is permanent. An output to a topic that does not exist
-    /// (yet) stays transient, so it is retried under the policy and then dead-lettered as
-    /// `transient-exhausted`.
+    /// broker rejects for good (too large, an invalid topic: the same list that exactly-once mode
+    /// dead-letters at once) is permanent. An output to a topic that does not exist (yet) stays
+    /// transient, so it is retried under the policy and then dead-lettered as `transient-exhausted`.
+    /// An output the ACLs refuse is not the record's fault: it stops the pipeline
+    /// ([`Error::NotAuthorized`]) and the record is left unfinished.
     fn from(e: EmitError) -> Self {
         let permanent = match &e {
             EmitError::TooLarge { .. } => true,
@@ -314,6 +315,24 @@ pub enum Error {
     Refused {
         /// What librdkafka reported, naming the broker.
         reason: String,
+    },
+    /// The cluster's ACLs do not allow this client's principal to `operation` the resource: the
+    /// consumer group, the input topics, an output or DLQ topic, or the transactional id. Retrying
+    /// cannot help until an ACL grants it; nothing was committed past the records it stopped at,
+    /// so a restart after the grant processes everything as usual.
+    #[error(
+        "not authorized to {operation} {resource}: grant this client's principal {operation} on it with an ACL \
+         (e.g. kafka-acls --add --allow-principal User:<name> --operation {operation} {acl_target})"
+    )]
+    NotAuthorized {
+        /// What was refused: `consumer group billing`, `input topic orders`, `transactional id t-1`.
+        resource: String,
+        /// The ACL operation it needs (`READ`, `WRITE`, `DESCRIBE`, ...).
+        operation: &'static str,
+        /// The resource as `kafka-acls` names it (`--group billing`, `--topic orders`).
+        acl_target: String,
+        /// The error librdkafka reported.
+        source: Box<rdkafka::error::KafkaError>,
     },
     /// An input topic does not exist (never created, or deleted while the pipeline ran) and
     /// [`fail_on_missing_topic`](crate::PipelineConfig::fail_on_missing_topic) is set.

@@ -143,6 +143,7 @@ impl<P: Processor> Pipeline<P> {
             transactional: config.exactly_once_settings().is_some(),
             max_output_bytes: max_message_bytes(&config)?,
             output_topics: Default::default(),
+            log: log.clone(),
         };
         let backpressure = Backpressure::new(&config.bounds, telemetry.stats.in_flight.clone());
         let shared = Shared {
@@ -226,9 +227,10 @@ impl<P: Processor> Pipeline<P> {
                     Some(txn) => txn.init(&stop).map_err(Error::Transaction),
                     None => Ok(()),
                 });
+                let config = shared.config.clone();
                 let result = result.and_then(|()| PollLoop::new(shared, &consumer, stop, topics).run());
                 drop(consumer); // leaves the group (runs the final revoke) before reporting
-                let _ = tx.send(result);
+                let _ = tx.send(result.map_err(|e| crate::kafka::errors::explain(e, &config)));
             })
             .map_err(|e| Error::Runtime(format!("cannot start the poll thread: {e}")))?;
         rx.await.map_err(|_| Error::Runtime("the poll thread panicked".into()))?

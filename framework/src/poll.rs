@@ -179,7 +179,7 @@ impl<'c, P: Processor> PollLoop<'c, P> {
             }
             if let Some(e) = self.shared.rejections.as_ref().and_then(|r| r.take_fatal()) {
                 tracing::error!(pipeline = %self.shared.config.name, error = %e, "stopping");
-                result = Err(Error::Runtime(e));
+                result = Err(e);
                 break;
             }
             if self.hooks().committer.transactions().is_some_and(|t| t.needs_reset()) {

@@ -99,7 +99,7 @@ pub(crate) struct Rejections {
     /// Whether `noted` may hold anything (the per-record path checks only this).
     any: AtomicBool,
     noted: Mutex<HashMap<Key, Noted>>,
-    fatal: Mutex<Option<String>>,
+    fatal: Mutex<Option<crate::Error>>,
 }
 
 impl Rejections {
@@ -111,12 +111,22 @@ impl Rejections {
     /// Errors that do not belong to the record are ignored: the transaction's own calls report them.
     pub(crate) fn rejected(&self, source: &Source, output_topic: &str, e: &KafkaError) {
         let Some(rejection) = rejects_record(e) else { return };
+        let what = match source.what {
+            Produced::Output => "output topic",
+            Produced::DeadLetter => "DLQ topic",
+            Produced::Changelog => "dedup changelog topic",
+        };
+        if let Some(refused) = crate::kafka::errors::write_refused(what, output_topic, e) {
+            // Not the record's fault: the ACLs refuse the topic. Stop; nothing is committed past it.
+            self.fatal.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(refused);
+            return;
+        }
         if source.what != Produced::Output {
             let what = if source.what == Produced::DeadLetter { "DLQ record" } else { "dedup changelog entry" };
             let (topic, partition, offset) = (&source.topic, source.partition, source.offset);
             let text =
                 format!("the {what} for {topic}/{partition} offset {offset} was rejected by {output_topic}: {e}");
-            self.fatal.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(text);
+            self.fatal.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(crate::Error::Runtime(text));
             return;
         }
         let now = now_ms();
@@ -194,7 +204,7 @@ impl Rejections {
     }
 
     /// A rejected DLQ record or changelog entry: the pipeline stops with this message.
-    pub(crate) fn take_fatal(&self) -> Option<String> {
+    pub(crate) fn take_fatal(&self) -> Option<crate::Error> {
         self.fatal.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 }
@@ -266,6 +276,6 @@ mod tests {
         assert_eq!(r.verdict(&record(2), &POLICY), Verdict::Clean, "a purge on abort is not a rejection");
         assert!(r.take_fatal().is_none());
         r.rejected(&source(3, false, Produced::DeadLetter), "in.dlq", &UNKNOWN);
-        assert!(r.take_fatal().is_some_and(|m| m.contains("in.dlq")));
+        assert!(r.take_fatal().is_some_and(|m| m.to_string().contains("in.dlq")));
     }
 }

@@ -103,3 +103,81 @@ async fn an_untrusted_ca_stops_the_pipeline_saying_so() -> Result<()> {
     assert!(!text.contains("alice-secret"), "the password is not printed: {text}");
     Ok(())
 }
+
+/// A pipeline as `alice` over SCRAM that copies `input` to `out` in `group`.
+fn as_alice(input: &str, out: &str, group: &str, exactly_once: bool) -> Result<Pipeline<Copy>> {
+    let mut config =
+        PipelineConfig::new(secure::sasl_bootstrap(), group, [input]).commit_interval(Duration::from_millis(100));
+    if exactly_once {
+        config = config.exactly_once(ExactlyOnce::default().transactional_id(format!("{group}-tx")));
+    }
+    Ok(Pipeline::new(secured(config, secure::scram_properties(ALICE)), Copy(out.to_owned()))?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_read_on_the_group_it_stops_naming_it_and_after_the_grant_processes_everything() -> Result<()> {
+    init_logs();
+    const N: usize = 20;
+    let (input, out, group) = (unique("acl-in"), unique("acl-out"), unique("acl-group"));
+    create_topic(&input, 1).await?;
+    create_topic(&out, 1).await?;
+    produce(&input, keyed_records(N, 4)).await?;
+    // An ACL on the group that is not alice's: she may no longer use it.
+    secure::acl(&["--add", "--allow-principal", "User:admin", "--operation", "Read", "--group", &group])?;
+    let denied = tokio::time::timeout(Duration::from_secs(30), as_alice(&input, &out, &group, false)?.run())
+        .await
+        .context("the pipeline kept retrying")?;
+    let err = denied.err().context("alice may not read the group")?;
+    let text = format!("{err}");
+    assert!(text.contains(&group) && text.to_lowercase().contains("read"), "{text}");
+    assert_eq!(read_topic(&out)?.len(), 0, "nothing processed");
+
+    secure::acl(&["--add", "--allow-principal", "User:alice", "--operation", "Read", "--group", &group])?;
+    let pipeline = as_alice(&input, &out, &group, false)?;
+    let stop = pipeline.shutdown_token();
+    let run = tokio::spawn(pipeline.run());
+    committed_to_end(&group, &input, 1, Duration::from_secs(60)).await?;
+    stop.cancel();
+    run.await??;
+    assert_eq!(read_topic(&out)?.len(), N, "everything, once, after the grant");
+    Ok(())
+}
+
+async fn without_write_on_the_output(exactly_once: bool) -> Result<()> {
+    init_logs();
+    const N: usize = 20;
+    let (input, out, group) = (unique("acl-w-in"), unique("acl-w-out"), unique("acl-w-group"));
+    create_topic(&input, 1).await?;
+    create_topic(&out, 1).await?;
+    produce(&input, keyed_records(N, 4)).await?;
+    secure::acl(&["--add", "--allow-principal", "User:admin", "--operation", "Write", "--topic", &out])?;
+    let denied = tokio::time::timeout(Duration::from_secs(60), as_alice(&input, &out, &group, exactly_once)?.run())
+        .await
+        .context("the pipeline kept retrying")?;
+    let err = denied.err().context("alice may not write the output")?;
+    let text = format!("{err}");
+    assert!(text.contains(&out) && text.contains("WRITE"), "{text}");
+    assert!(committed_offsets(&group, &input, 1)?.get(&0).is_none_or(|&o| o == 0), "nothing committed");
+    assert!(read_topic(&format!("{input}.dlq")).map(|r| r.is_empty()).unwrap_or(true), "nothing dead-lettered");
+
+    secure::acl(&["--add", "--allow-principal", "User:alice", "--operation", "Write", "--topic", &out])?;
+    let pipeline = as_alice(&input, &out, &group, exactly_once)?;
+    let stop = pipeline.shutdown_token();
+    let run = tokio::spawn(pipeline.run());
+    committed_to_end(&group, &input, 1, Duration::from_secs(60)).await?;
+    stop.cancel();
+    run.await??;
+    let isolation = if exactly_once { Isolation::ReadCommitted } else { Isolation::ReadUncommitted };
+    assert_eq!(read_topic_as(&out, isolation)?.len(), N, "everything, once, after the grant");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_write_on_the_output_it_stops_naming_it_at_least_once() -> Result<()> {
+    without_write_on_the_output(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_write_on_the_output_it_stops_naming_it_exactly_once() -> Result<()> {
+    without_write_on_the_output(true).await
+}

@@ -64,3 +64,21 @@ pub fn mtls_properties() -> Vec<(String, String)> {
     .map(|(k, v)| (k.to_owned(), v))
     .collect()
 }
+
+/// Runs Kafka's `AclCommand` against the local broker's plaintext listener (a super-user) with
+/// `args` (e.g. `--add --allow-principal User:alice --operation Read --group g`), through
+/// `scripts/kafka tool` (a JVM: about two seconds).
+pub fn acl(args: &[&str]) -> anyhow::Result<()> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kafka");
+    let out = std::process::Command::new(script)
+        .args(["tool", "org.apache.kafka.tools.AclCommand", "--bootstrap-server", &crate::bootstrap()])
+        .args(args)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "AclCommand {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}

@@ -19,6 +19,47 @@ pub(crate) fn refuses_connection(e: &KafkaError, reason: &str) -> bool {
     }
 }
 
+/// A fatal error, said as what it means for this pipeline: an authorization failure names the
+/// resource it was refused (the group, the input topics, the transactional id) and the ACL operation
+/// it needs; anything else is returned as it is.
+pub(crate) fn explain(e: crate::Error, config: &crate::PipelineConfig) -> crate::Error {
+    use crate::Error;
+    let kafka = match &e {
+        Error::Kafka(k) | Error::Transaction(k) => k.clone(),
+        _ => return e,
+    };
+    let (resource, operation, acl_target) = match kafka.rdkafka_error_code() {
+        Some(RDKafkaErrorCode::GroupAuthorizationFailed) => {
+            (format!("consumer group {}", config.group_id), "READ", format!("--group {}", config.group_id))
+        }
+        Some(RDKafkaErrorCode::TopicAuthorizationFailed) => {
+            let topics = config.topics.join(", ");
+            let targets = config.topics.iter().map(|t| format!("--topic {t}")).collect::<Vec<_>>().join(" ");
+            (format!("input topic(s) {topics}"), "READ", targets)
+        }
+        Some(RDKafkaErrorCode::TransactionalIdAuthorizationFailed) => {
+            let id = config.transactional_id().unwrap_or_default();
+            (format!("transactional id {id}"), "WRITE", format!("--transactional-id {id}"))
+        }
+        Some(RDKafkaErrorCode::ClusterAuthorizationFailed) => {
+            ("the cluster".to_owned(), "IDEMPOTENT_WRITE", "--cluster".to_owned())
+        }
+        _ => return e,
+    };
+    Error::NotAuthorized { resource, operation, acl_target, source: Box::new(kafka) }
+}
+
+/// A produce to `topic` (`what`: "output topic", "DLQ topic") refused by the ACLs, as the error that
+/// stops the pipeline; `None` for any other error.
+pub(crate) fn write_refused(what: &str, topic: &str, e: &KafkaError) -> Option<crate::Error> {
+    (e.rdkafka_error_code() == Some(RDKafkaErrorCode::TopicAuthorizationFailed)).then(|| crate::Error::NotAuthorized {
+        resource: format!("{what} {topic}"),
+        operation: "WRITE",
+        acl_target: format!("--topic {topic}"),
+        source: Box::new(e.clone()),
+    })
+}
+
 /// Errors after which a member cannot go on: authorization failures, or librdkafka's fatal state.
 pub(crate) fn is_fatal(e: &KafkaError) -> bool {
     use RDKafkaErrorCode::*;

@@ -22,11 +22,13 @@ pub(crate) struct KafkaLog {
     /// Per warning text: when it was last logged and how many repeats were suppressed since.
     recent: Mutex<HashMap<String, (Instant, u64)>>,
     fatal: Mutex<Option<Error>>,
+    /// Set with the first fatal error and never cleared: records failing after it are not booked.
+    failed: std::sync::atomic::AtomicBool,
 }
 
 impl KafkaLog {
     pub(crate) fn new(name: impl Into<String>) -> Self {
-        Self { name: name.into(), recent: Mutex::default(), fatal: Mutex::new(None) }
+        Self { name: name.into(), recent: Mutex::default(), fatal: Mutex::new(None), failed: Default::default() }
     }
 
     /// Logs a retriable problem at warn level, unless the same text was logged within
@@ -52,14 +54,31 @@ impl KafkaLog {
     pub(crate) fn error(&self, error: KafkaError, reason: &str) {
         if refuses_connection(&error, reason) {
             tracing::error!(pipeline = %self.name, %error, reason, "the cluster refused this client; stopping");
-            let refused = Error::Refused { reason: reason.to_owned() };
-            self.fatal.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(refused);
+            self.keep(Error::Refused { reason: reason.to_owned() });
         } else if is_fatal(&error) {
             tracing::error!(pipeline = %self.name, %error, reason, "fatal Kafka error");
-            self.fatal.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(Error::Kafka(error));
+            self.keep(Error::Kafka(error));
         } else {
             self.warn("Kafka client error", &format!("{error} ({reason})"));
         }
+    }
+
+    /// Stops the pipeline with `error` (the poll loop takes it): a refusal no retry can get past,
+    /// such as a produce the ACLs do not allow.
+    pub(crate) fn stop_with(&self, error: Error) {
+        tracing::error!(pipeline = %self.name, %error, "stopping");
+        self.keep(error);
+    }
+
+    fn keep(&self, error: Error) {
+        self.failed.store(true, std::sync::atomic::Ordering::Release);
+        self.fatal.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(error);
+    }
+
+    /// Whether a fatal error was reported: the pipeline is stopping, and a record that fails now is
+    /// left unfinished (redelivered after the restart) rather than retried or dead-lettered.
+    pub(crate) fn failed(&self) -> bool {
+        self.failed.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Takes the fatal error, if one was reported.

@@ -25,6 +25,9 @@ pub(crate) struct OutputTopics {
     known: Mutex<HashSet<String>>,
 }
 
+/// What the metadata lookup says when the ACLs refuse the topic.
+const DENIED: &str = "not authorized";
+
 impl OutputTopics {
     /// `Ok` when `topic` exists: from memory, else from a metadata request on `producer`.
     pub(crate) async fn check(&self, producer: &Producer, topic: &str) -> Result<(), EmitError> {
@@ -38,6 +41,9 @@ impl OutputTopics {
             let md = client.client().fetch_metadata(Some(&name), METADATA_TIMEOUT).map_err(|e| e.to_string())?;
             match md.topics().iter().find(|t| t.name() == name) {
                 Some(t) if t.error().is_none() && !t.partitions().is_empty() => Ok(()),
+                Some(t) if t.error() == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED) => {
+                    Err(DENIED.to_owned())
+                }
                 Some(t) => Err(match t.error() {
                     Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => {
                         "the topic does not exist".to_owned()
@@ -50,6 +56,12 @@ impl OutputTopics {
         })
         .await
         .map_err(|e| unavailable(e.to_string()))?;
+        if found.as_ref().is_err_and(|e| e == DENIED) {
+            // The ACLs refuse the topic (not even DESCRIBE): the caller stops the pipeline.
+            let source =
+                rdkafka::error::KafkaError::MetadataFetch(rdkafka::types::RDKafkaErrorCode::TopicAuthorizationFailed);
+            return Err(EmitError::NotAcknowledged { topic: topic.to_owned(), source });
+        }
         found.map_err(unavailable)?;
         self.known.lock().unwrap_or_else(PoisonError::into_inner).insert(topic.to_owned());
         Ok(())

@@ -50,7 +50,18 @@ async fn dead_letter<P: Processor>(
         let result = match ensure_topic(shared, &record.topic, &topic).await {
             // Exactly-once: the DLQ record is produced in the transaction that commits its offset.
             Ok(()) if transactional => Ok(()),
-            Ok(()) => produce(&shared.handles.producer, &out).await.map_err(|e| e.to_string()),
+            Ok(()) => {
+                let produced = produce(&shared.handles.producer, &out).await;
+                if let Err(crate::EmitError::NotAcknowledged { source, .. }) = &produced
+                    && let Some(refused) = crate::kafka::errors::write_refused("DLQ topic", &topic, source)
+                {
+                    // Not allowed to write the DLQ: stop rather than retry for ever; the record stays
+                    // unfinished.
+                    shared.log.stop_with(refused);
+                    return Outcome::Abandoned;
+                }
+                produced.map_err(|e| e.to_string())
+            }
             Err(e) => Err(e),
         };
         match result {

@@ -104,6 +104,11 @@ pub(crate) async fn attempt_until_done<P: Processor>(
         };
         probe.finish(result.is_ok(), &shared.telemetry);
         scope.attempts.record(started.elapsed());
+        if result.is_err() && shared.log.failed() {
+            // The pipeline is stopping on a fatal error (an ACL refused an output, say): this failure
+            // may be that error's, so the record is neither retried nor dead-lettered.
+            return Ok(Outcome::Abandoned);
+        }
         let error = match result {
             Ok(outputs) => {
                 if let Some(ts) = record.timestamp {
