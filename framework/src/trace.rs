@@ -101,15 +101,11 @@ impl TraceContext {
         self.state.as_deref()
     }
 
-    /// The trace context of one processing attempt, whose span is `span`: this record's, with the
-    /// span id the OpenTelemetry layer gave `span` when the `otel` feature exports it.
-    pub(crate) fn for_attempt(&self, span: &tracing::Span) -> Self {
-        #[cfg(feature = "otel")]
-        if let Some(span_id) = crate::otel::adopt(span, self) {
-            return Self { span_id, ..self.clone() };
-        }
-        let _ = span;
-        self.clone()
+    /// The same trace context with another span id for this record's processing (the id the
+    /// `otel` feature's exporter gave the attempt's span).
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+    pub(crate) fn with_span_id(&self, span_id: String) -> Self {
+        Self { span_id, ..self.clone() }
     }
 
     /// Adds `traceparent` (and `tracestate`) to `headers` unless they hold a `traceparent` already.

@@ -50,7 +50,7 @@ pub(crate) async fn attempt_until_done<P: Processor>(
             topic = %record.topic, partition = record.partition, offset = record.offset,
             key = record.key_str().unwrap_or_default(), attempt,
             trace_id = trace.as_ref().map_or("", TraceContext::trace_id), span_id = tracing::field::Empty);
-        let attempt_trace = trace.as_ref().map(|t| t.for_attempt(&span));
+        let attempt_trace = trace.as_ref().map(|t| attempt_trace(t, &span));
         if let Some(t) = &attempt_trace {
             span.record("span_id", t.span_id());
         }
@@ -143,6 +143,17 @@ pub(crate) async fn attempt_until_done<P: Processor>(
         }
         attempt += 1;
     }
+}
+
+/// The trace context of one processing attempt, whose span is `span`: the record's, with the span id
+/// the OpenTelemetry layer gave `span` when the `otel` feature exports it.
+fn attempt_trace(trace: &TraceContext, span: &tracing::Span) -> TraceContext {
+    #[cfg(feature = "otel")]
+    if let Some(span_id) = crate::otel::adopt(span, trace) {
+        return trace.with_span_id(span_id);
+    }
+    let _ = span;
+    trace.clone()
 }
 
 /// What a partition task gives each of its processor calls: the drain deadline that cancels them
