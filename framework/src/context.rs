@@ -229,11 +229,7 @@ impl Context {
         if self.handles.transactional {
             // A missing topic would abort the whole transaction: fail this attempt instead.
             if let Err(e) = self.handles.output_topics.check(&self.handles.producer, &record.topic).await {
-                if let EmitError::NotAcknowledged { source, .. } = &e
-                    && let Some(refused) = crate::kafka::errors::write_refused("output topic", &record.topic, source)
-                {
-                    self.handles.log.stop_with(refused);
-                }
+                self.handles.log.stop_if_refused("output topic", &record.topic, &e);
                 return Err(e);
             }
             self.buffered.lock().expect("buffered outputs lock").push(record);
@@ -265,11 +261,7 @@ impl Context {
         let pending = self.pending.into_inner().expect("pending outputs lock");
         for (topic, delivery) in pending {
             if let Err(e) = produce::acknowledged(&topic, delivery).await {
-                if let EmitError::NotAcknowledged { source, .. } = &e
-                    && let Some(refused) = crate::kafka::errors::write_refused("output topic", &topic, source)
-                {
-                    self.handles.log.stop_with(refused);
-                }
+                self.handles.log.stop_if_refused("output topic", &topic, &e);
                 return Err(e);
             }
         }

@@ -70,6 +70,18 @@ impl KafkaLog {
         self.keep(error);
     }
 
+    /// Stops the pipeline when `e` is a produce to `topic` that the ACLs refuse (`what`: "output
+    /// topic", "DLQ topic"); returns whether it did.
+    pub(crate) fn stop_if_refused(&self, what: &str, topic: &str, e: &crate::EmitError) -> bool {
+        let refused = match e {
+            crate::EmitError::NotAcknowledged { source, .. } => {
+                crate::kafka::errors::write_refused(what, topic, source)
+            }
+            _ => None,
+        };
+        refused.map(|error| self.stop_with(error)).is_some()
+    }
+
     fn keep(&self, error: Error) {
         self.failed.store(true, std::sync::atomic::Ordering::Release);
         self.fatal.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(error);

@@ -52,12 +52,11 @@ async fn dead_letter<P: Processor>(
             Ok(()) if transactional => Ok(()),
             Ok(()) => {
                 let produced = produce(&shared.handles.producer, &out).await;
-                if let Err(crate::EmitError::NotAcknowledged { source, .. }) = &produced
-                    && let Some(refused) = crate::kafka::errors::write_refused("DLQ topic", &topic, source)
+                // Not allowed to write the DLQ: stop rather than retry for ever; the record stays
+                // unfinished.
+                if let Err(e) = &produced
+                    && shared.log.stop_if_refused("DLQ topic", &topic, e)
                 {
-                    // Not allowed to write the DLQ: stop rather than retry for ever; the record stays
-                    // unfinished.
-                    shared.log.stop_with(refused);
                     return Outcome::Abandoned;
                 }
                 produced.map_err(|e| e.to_string())
