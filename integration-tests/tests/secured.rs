@@ -9,11 +9,14 @@ use millrace_integration_tests::*;
 use millrace_testkit::secure::{self, ALICE};
 use std::time::Duration;
 
-/// Copies every record to its output topic.
+/// Copies every record to its output topic; a value starting with `poison` fails permanently (→ DLQ).
 struct Copy(String);
 
 impl Processor for Copy {
     async fn process(&self, record: &Record, ctx: &Context) -> Result<(), ProcessError> {
+        if record.value.as_deref().is_some_and(|v| v.starts_with(b"poison")) {
+            return Err(ProcessError::permanent("a poison record"));
+        }
         ctx.emit(OutputRecord::to(&self.0).value(record.value.clone().unwrap_or_default())).await?;
         Ok(())
     }
@@ -180,4 +183,71 @@ async fn without_write_on_the_output_it_stops_naming_it_at_least_once() -> Resul
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_write_on_the_output_it_stops_naming_it_exactly_once() -> Result<()> {
     without_write_on_the_output(true).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_write_on_the_dlq_it_stops_naming_it_and_after_the_grant_dead_letters_the_poison() -> Result<()> {
+    init_logs();
+    const N: usize = 20;
+    const POISON: usize = 5;
+    let (input, out, group) = (unique("acl-d-in"), unique("acl-d-out"), unique("acl-d-group"));
+    let dlq = format!("{input}.dlq");
+    for topic in [&input, &out, &dlq] {
+        create_topic(topic, 1).await?;
+    }
+    let value = |i: usize| if i == POISON { format!("poison-{i}") } else { format!("value-{i}") };
+    produce(&input, (0..N).map(|i| (format!("key-{}", i % 4), value(i).into_bytes()))).await?;
+    secure::acl(&["--add", "--allow-principal", "User:admin", "--operation", "Write", "--topic", &dlq])?;
+    let denied = tokio::time::timeout(Duration::from_secs(60), as_alice(&input, &out, &group, false)?.run())
+        .await
+        .context("the pipeline kept retrying")?;
+    let err = denied.err().context("alice may not write the DLQ")?;
+    let text = format!("{err}");
+    assert!(text.contains(&dlq) && text.contains("WRITE"), "{text}");
+    let committed = committed_offsets(&group, &input, 1)?.get(&0).copied().unwrap_or(0);
+    assert!(committed <= POISON as i64, "nothing committed past the poison record: {committed}");
+
+    secure::acl(&["--add", "--allow-principal", "User:alice", "--operation", "Write", "--topic", &dlq])?;
+    let pipeline = as_alice(&input, &out, &group, false)?;
+    let stop = pipeline.shutdown_token();
+    let run = tokio::spawn(pipeline.run());
+    committed_to_end(&group, &input, 1, Duration::from_secs(60)).await?;
+    stop.cancel();
+    run.await??;
+    let dead: Vec<_> = read_topic(&dlq)?.into_iter().map(|r| r.value).collect();
+    assert_eq!(dead, vec![Some(value(POISON).into_bytes())], "the poison record dead-lettered once, bytes intact");
+    let copied: std::collections::BTreeSet<_> = read_topic(&out)?.into_iter().filter_map(|r| r.value).collect();
+    let expected = (0..N).filter(|&i| i != POISON).map(|i| value(i).into_bytes()).collect();
+    assert_eq!(copied, expected, "every other record copied");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_transactional_id_it_stops_naming_it_and_after_the_grant_processes_everything() -> Result<()> {
+    init_logs();
+    const N: usize = 20;
+    let (input, out, group) = (unique("acl-t-in"), unique("acl-t-out"), unique("acl-t-group"));
+    let id = format!("{group}-tx");
+    create_topic(&input, 1).await?;
+    create_topic(&out, 1).await?;
+    produce(&input, keyed_records(N, 4)).await?;
+    secure::acl(&["--add", "--allow-principal", "User:admin", "--operation", "Write", "--transactional-id", &id])?;
+    let denied = tokio::time::timeout(Duration::from_secs(60), as_alice(&input, &out, &group, true)?.run())
+        .await
+        .context("the pipeline kept retrying")?;
+    let err = denied.err().context("alice may not use the transactional id")?;
+    let text = format!("{err}");
+    assert!(text.contains(&id) && text.contains("WRITE"), "{text}");
+    assert!(committed_offsets(&group, &input, 1)?.get(&0).is_none_or(|&o| o == 0), "nothing committed");
+    assert_eq!(read_topic_as(&out, Isolation::ReadCommitted)?.len(), 0, "nothing written");
+
+    secure::acl(&["--add", "--allow-principal", "User:alice", "--operation", "Write", "--transactional-id", &id])?;
+    let pipeline = as_alice(&input, &out, &group, true)?;
+    let stop = pipeline.shutdown_token();
+    let run = tokio::spawn(pipeline.run());
+    committed_to_end(&group, &input, 1, Duration::from_secs(60)).await?;
+    stop.cancel();
+    run.await??;
+    assert_eq!(read_topic_as(&out, Isolation::ReadCommitted)?.len(), N, "everything, once, after the grant");
+    Ok(())
 }

@@ -78,7 +78,18 @@ async fn ensure_changelog<P: Processor>(shared: &Arc<Shared<P>>, dedup: &Dedup) 
     if dedup.changelog_ready.load(Relaxed) {
         return Ok(());
     }
-    topic::ensure(&shared.admin, &dedup.changelog, &shared.config.topics, &[("cleanup.policy", "compact")]).await?;
+    let ensured =
+        topic::ensure(&shared.admin, &dedup.changelog, &shared.config.topics, &[("cleanup.policy", "compact")]);
+    match ensured.await.map_err(|e| e.refusal("dedup changelog topic", &dedup.changelog)) {
+        Ok(()) => {}
+        // Not allowed to see or create the changelog: stop rather than retry for ever.
+        Err(Ok(error)) => {
+            let said = error.to_string();
+            shared.log.stop_with(error);
+            return Err(said);
+        }
+        Err(Err(e)) => return Err(e),
+    }
     dedup.changelog_ready.store(true, Relaxed);
     Ok(())
 }

@@ -12,6 +12,7 @@
 use crate::retry::Backoff;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,15 +20,57 @@ use std::time::{Duration, Instant};
 /// How long to wait for a created topic's partitions to take writes.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Why [`ensure`] failed.
+#[derive(Debug)]
+pub(crate) enum EnsureError {
+    /// The ACLs refuse `operation` on the topic (or on the cluster, to create it): retrying cannot
+    /// help, the caller stops the pipeline.
+    Refused { operation: &'static str, source: KafkaError },
+    /// Anything else, said for a log line; callers retry.
+    Failed(String),
+}
+
+impl From<String> for EnsureError {
+    fn from(s: String) -> Self {
+        EnsureError::Failed(s)
+    }
+}
+
+impl std::fmt::Display for EnsureError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EnsureError::Refused { operation, source } => write!(f, "{operation} refused: {source}"),
+            EnsureError::Failed(s) => f.write_str(s),
+        }
+    }
+}
+
+impl EnsureError {
+    /// The pipeline's error for a refusal on the topic `topic` (`what`: "DLQ topic", ...), or the
+    /// text of any other failure.
+    pub(crate) fn refusal(self, what: &str, topic: &str) -> Result<crate::Error, String> {
+        match self {
+            EnsureError::Refused { operation, source } => Ok(crate::Error::NotAuthorized {
+                resource: format!("{what} {topic}"),
+                operation,
+                acl_target: format!("--topic {topic}"),
+                source: Box::new(source),
+            }),
+            EnsureError::Failed(s) => Err(s),
+        }
+    }
+}
+
 /// Creates `name` unless it exists, with as many partitions as the largest of `sized_like`
-/// (replication: the broker's default) and `configs`; then waits until each partition answers. The
-/// error says what failed, for a log line; callers retry.
+/// (replication: the broker's default) and `configs`; then waits until each partition answers. A
+/// refusal by the ACLs is [`EnsureError::Refused`]; any other error says what failed, for a log
+/// line; callers retry.
 pub(crate) async fn ensure(
     admin: &Arc<AdminClient<DefaultClientContext>>,
     name: &str,
     sized_like: &[String],
     configs: &[(&str, &str)],
-) -> Result<(), String> {
+) -> Result<(), EnsureError> {
     let partitions = blocking(admin, {
         let sized_like = sized_like.to_vec();
         move |admin| partition_count(admin, &sized_like)
@@ -42,11 +85,18 @@ pub(crate) async fn ensure(
         match result {
             Ok(_) => tracing::info!(topic = name, partitions, "created topic"),
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => return Err(format!("creating topic {t}: {e}")),
+            Err((
+                _,
+                code @ (RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed),
+            )) => {
+                return Err(EnsureError::Refused { operation: "CREATE", source: KafkaError::AdminOp(code) });
+            }
+            Err((t, e)) => return Err(format!("creating topic {t}: {e}").into()),
         }
     }
     let topic = name.to_owned();
-    blocking(admin, move |admin| wait_writable(admin, &topic)).await
+    let admin = admin.clone();
+    tokio::task::spawn_blocking(move || wait_writable(&admin, &topic)).await.map_err(|e| e.to_string())?
 }
 
 /// The largest partition count among `topics` (at least 1).
@@ -60,7 +110,7 @@ fn partition_count(admin: &AdminClient<DefaultClientContext>, topics: &[String])
 }
 
 /// Waits until every partition of `topic` answers `ListOffsets`, within [`READY_TIMEOUT`].
-fn wait_writable(admin: &AdminClient<DefaultClientContext>, topic: &str) -> Result<(), String> {
+fn wait_writable(admin: &AdminClient<DefaultClientContext>, topic: &str) -> Result<(), EnsureError> {
     let client = admin.inner();
     let deadline = Instant::now() + READY_TIMEOUT;
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
@@ -68,7 +118,12 @@ fn wait_writable(admin: &AdminClient<DefaultClientContext>, topic: &str) -> Resu
         let md = client.fetch_metadata(Some(topic), Duration::from_secs(10)).map_err(|e| e.to_string())?;
         match md.topics().first() {
             Some(t) if t.error().is_none() && !t.partitions().is_empty() => break t.partitions().len() as i32,
-            _ if Instant::now() > deadline => return Err(format!("topic {topic} not in the metadata")),
+            Some(t) if t.error().map(RDKafkaErrorCode::from) == Some(RDKafkaErrorCode::TopicAuthorizationFailed) => {
+                let source = KafkaError::MetadataFetch(RDKafkaErrorCode::TopicAuthorizationFailed);
+                // WRITE implies DESCRIBE, and writing is what the pipeline needs.
+                return Err(EnsureError::Refused { operation: "WRITE", source });
+            }
+            _ if Instant::now() > deadline => return Err(format!("topic {topic} not in the metadata").into()),
             _ => backoff.sleep(),
         }
     };
@@ -77,7 +132,7 @@ fn wait_writable(admin: &AdminClient<DefaultClientContext>, topic: &str) -> Resu
             match client.fetch_watermarks(topic, p, Duration::from_secs(5)) {
                 Ok(_) => break,
                 Err(e) if Instant::now() > deadline => {
-                    return Err(format!("topic {topic} partition {p} not ready after {READY_TIMEOUT:?}: {e}"));
+                    return Err(format!("topic {topic} partition {p} not ready after {READY_TIMEOUT:?}: {e}").into());
                 }
                 Err(_) => backoff.sleep(),
             }

@@ -61,7 +61,14 @@ async fn dead_letter<P: Processor>(
                 }
                 produced.map_err(|e| e.to_string())
             }
-            Err(e) => Err(e),
+            Err(e) => match e.refusal("DLQ topic", &topic) {
+                // Not allowed to see or create the DLQ topic: stop, the record stays unfinished.
+                Ok(error) => {
+                    shared.log.stop_with(error);
+                    return Outcome::Abandoned;
+                }
+                Err(e) => Err(e),
+            },
         };
         match result {
             Ok(()) => {
@@ -79,7 +86,11 @@ async fn dead_letter<P: Processor>(
 }
 
 /// Creates the DLQ topic once per run if allowed and missing, with the source topic's partitions.
-async fn ensure_topic<P: Processor>(shared: &Arc<Shared<P>>, source: &str, dlq_topic: &str) -> Result<(), String> {
+async fn ensure_topic<P: Processor>(
+    shared: &Arc<Shared<P>>,
+    source: &str,
+    dlq_topic: &str,
+) -> Result<(), topic::EnsureError> {
     if !shared.config.dlq.create_topics
         || shared.dlq_topics.lock().unwrap_or_else(|p| p.into_inner()).contains(dlq_topic)
     {
