@@ -8,6 +8,7 @@
 //! - producing: [`produce`], [`keyed_records`], [`produce_raw`];
 //! - reading back: [`read_topic`], [`read_topic_as`], [`TopicReader`];
 //! - the secured listeners: [`secure`];
+//! - Kafka's own tools: [`kafka_tool`], [`console_produce`], [`stored_codecs`];
 //! - child processes: [`Reaped`], [`signal`], [`wait_exit`], [`proc_status_kib`], [`rss_kib`].
 //!
 //! Errors are `anyhow` errors: these are test and benchmark fixtures, whose callers only report them.
@@ -18,12 +19,14 @@ mod process;
 mod produce;
 mod read;
 pub mod secure;
+mod tool;
 
 pub use admin::{Admin, create_topic, create_topic_with};
 pub use offsets::{Isolation, Watermarks, committed_offsets, end_offsets, record_count, watermarks};
 pub use process::{Reaped, proc_status_kib, rss_kib, signal, wait_exit};
 pub use produce::{RawRecord, Written, keyed_records, produce, produce_raw};
 pub use read::{ReadRecord, TopicReader, read_topic, read_topic_as};
+pub use tool::{console_produce, data_dir, kafka_tool, stored_codecs};
 
 use anyhow::{Result, bail};
 use rdkafka::ClientConfig;

@@ -17,10 +17,7 @@ fn port(var: &str, offset: u16) -> u16 {
 
 /// The directory of the test CA and certificates.
 pub fn tls_dir() -> PathBuf {
-    let data = std::env::var_os("KAFKA_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/millrace/kafka-data")
-    });
-    data.join("tls")
+    crate::tool::data_dir().join("tls")
 }
 
 /// A file of [`tls_dir`] as a string (for a librdkafka property).
@@ -69,16 +66,7 @@ pub fn mtls_properties() -> Vec<(String, String)> {
 /// `args` (e.g. `--add --allow-principal User:alice --operation Read --group g`), through
 /// `scripts/kafka tool` (a JVM: about two seconds).
 pub fn acl(args: &[&str]) -> anyhow::Result<()> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kafka");
-    let out = std::process::Command::new(script)
-        .args(["tool", "org.apache.kafka.tools.AclCommand", "--bootstrap-server", &crate::bootstrap()])
-        .args(args)
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "AclCommand {args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
+    let bootstrap = crate::bootstrap();
+    let all: Vec<&str> = ["--bootstrap-server", bootstrap.as_str()].into_iter().chain(args.iter().copied()).collect();
+    crate::tool::kafka_tool("org.apache.kafka.tools.AclCommand", &all, b"").map(drop)
 }
