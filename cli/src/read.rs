@@ -79,14 +79,18 @@ pub fn producer(bootstrap: &str) -> Result<FutureProducer<Hooks>> {
         .context("creating the Kafka producer")
 }
 
-/// Partition count of `topic`, `None` when it does not exist. Errors say the broker is unreachable.
+/// Partition count of `topic`, `None` when it does not exist. Errors say the broker is unreachable
+/// (or why it refused the client: `serve_logs` first delivers the log lines librdkafka queued).
 pub fn partition_count<C: rdkafka::client::ClientContext>(
     client: &rdkafka::client::Client<C>,
     bootstrap: &str,
     topic: &str,
+    serve_logs: impl FnOnce(),
 ) -> Result<Option<i32>> {
-    let md = tokio::task::block_in_place(|| client.fetch_metadata(Some(topic), REQUEST_TIMEOUT))
-        .map_err(|e| unreachable_error(bootstrap, e))?;
+    let md = tokio::task::block_in_place(|| client.fetch_metadata(Some(topic), REQUEST_TIMEOUT)).map_err(|e| {
+        serve_logs();
+        unreachable_error(bootstrap, e)
+    })?;
     let Some(t) = md.topics().iter().find(|t| t.name() == topic) else { return Ok(None) };
     match t.error() {
         None if !t.partitions().is_empty() => Ok(Some(t.partitions().len() as i32)),
@@ -95,6 +99,18 @@ pub fn partition_count<C: rdkafka::client::ClientContext>(
             RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic => Ok(None),
             code => bail!("metadata for topic {topic}: {code}"),
         },
+    }
+}
+
+/// Delivers the log lines librdkafka queued for `consumer` (they reach [`Hooks`] only when it is
+/// polled), so that an error can say why a broker refused the connection. Called before anything
+/// is assigned: there is no message to take, and each poll serves one queued event.
+fn serve_logs(consumer: &StreamConsumer<Hooks>) {
+    use futures::FutureExt as _;
+    for _ in 0..256 {
+        if consumer.recv().now_or_never().is_some() {
+            break;
+        }
     }
 }
 
@@ -142,7 +158,7 @@ impl TopicScan {
         config.set("group.id", group.unwrap_or("millrace-cli-reader"));
         let consumer: StreamConsumer<Hooks> =
             config.create_with_context(Hooks).context("creating the Kafka consumer")?;
-        let partitions = partition_count(consumer.client(), bootstrap, topic)?
+        let partitions = partition_count(consumer.client(), bootstrap, topic, || serve_logs(&consumer))?
             .ok_or_else(|| anyhow!("topic {topic} does not exist (at {bootstrap})"))?;
         let committed = match group {
             Some(g) => {
@@ -165,7 +181,10 @@ impl TopicScan {
         let mut assignment = TopicPartitionList::new();
         for p in 0..partitions {
             let (low, high) = tokio::task::block_in_place(|| consumer.fetch_watermarks(topic, p, REQUEST_TIMEOUT))
-                .map_err(|e| unreachable_error(bootstrap, e))?;
+                .map_err(|e| {
+                    serve_logs(&consumer);
+                    unreachable_error(bootstrap, e)
+                })?;
             let start = committed.get(&p).map_or(low, |&c: &i64| c.max(low));
             bounds.insert(p, (start, high));
             if start < high {

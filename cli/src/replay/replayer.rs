@@ -99,7 +99,8 @@ impl Replayer<'_> {
         if let Some(known) = self.topics.get(topic) {
             return Ok(*known);
         }
-        let count = partition_count(self.metadata.client(), self.bootstrap, topic)?;
+        // A producer serves its queued log lines on its own polling thread: nothing to deliver here.
+        let count = partition_count(self.metadata.client(), self.bootstrap, topic, || {})?;
         tracing::debug!(topic, ?count, "destination metadata");
         self.topics.insert(topic.to_owned(), count);
         Ok(count)
@@ -283,7 +284,7 @@ pub async fn run(bootstrap: &str, args: &ReplayArgs) -> Result<Summary> {
         crate::read::producer(bootstrap)?
     };
     if let Some(to) = &args.to
-        && partition_count(metadata.client(), bootstrap, to)?.is_none()
+        && partition_count(metadata.client(), bootstrap, to, || {})?.is_none()
     {
         bail!("topic {to} does not exist (given as --to)");
     }
