@@ -117,6 +117,40 @@ fn as_alice(input: &str, out: &str, group: &str, exactly_once: bool) -> Result<P
     Ok(Pipeline::new(secured(config, secure::scram_properties(ALICE)), Copy(out.to_owned()))?)
 }
 
+/// Lets only admin do `operation` on `resource` (AclCommand's `["--group", name]`, `["--topic", name]`,
+/// ...), so alice may not; runs alice's pipeline, which must stop within 60 s with an error naming the
+/// resource and the operation; runs `denied` (the checks that nothing was lost or done); then grants
+/// alice the operation and restarts her pipeline until it has committed all of `input`.
+async fn denied_then_granted(
+    (input, out, group): (&str, &str, &str),
+    exactly_once: bool,
+    operation: &str,
+    resource: [&str; 2],
+    denied: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    let allow = |user: &str| {
+        let principal = format!("User:{user}");
+        secure::acl(&["--add", "--allow-principal", &principal, "--operation", operation, resource[0], resource[1]])
+    };
+    allow("admin")?;
+    let stopped = tokio::time::timeout(Duration::from_secs(60), as_alice(input, out, group, exactly_once)?.run())
+        .await
+        .context("the pipeline kept retrying")?;
+    let err = stopped.err().with_context(|| format!("alice may not {operation} {resource:?}"))?;
+    let text = format!("{err}");
+    assert!(text.contains(resource[1]) && text.to_uppercase().contains(&operation.to_uppercase()), "{text}");
+    denied()?;
+
+    allow("alice")?;
+    let pipeline = as_alice(input, out, group, exactly_once)?;
+    let stop = pipeline.shutdown_token();
+    let run = tokio::spawn(pipeline.run());
+    committed_to_end(group, input, 1, Duration::from_secs(60)).await?;
+    stop.cancel();
+    run.await??;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_read_on_the_group_it_stops_naming_it_and_after_the_grant_processes_everything() -> Result<()> {
     init_logs();
@@ -125,23 +159,11 @@ async fn without_read_on_the_group_it_stops_naming_it_and_after_the_grant_proces
     create_topic(&input, 1).await?;
     create_topic(&out, 1).await?;
     produce(&input, keyed_records(N, 4)).await?;
-    // An ACL on the group that is not alice's: she may no longer use it.
-    secure::acl(&["--add", "--allow-principal", "User:admin", "--operation", "Read", "--group", &group])?;
-    let denied = tokio::time::timeout(Duration::from_secs(30), as_alice(&input, &out, &group, false)?.run())
-        .await
-        .context("the pipeline kept retrying")?;
-    let err = denied.err().context("alice may not read the group")?;
-    let text = format!("{err}");
-    assert!(text.contains(&group) && text.to_lowercase().contains("read"), "{text}");
-    assert_eq!(read_topic(&out)?.len(), 0, "nothing processed");
-
-    secure::acl(&["--add", "--allow-principal", "User:alice", "--operation", "Read", "--group", &group])?;
-    let pipeline = as_alice(&input, &out, &group, false)?;
-    let stop = pipeline.shutdown_token();
-    let run = tokio::spawn(pipeline.run());
-    committed_to_end(&group, &input, 1, Duration::from_secs(60)).await?;
-    stop.cancel();
-    run.await??;
+    let nothing_processed = || {
+        assert_eq!(read_topic(&out)?.len(), 0, "nothing processed");
+        Ok(())
+    };
+    denied_then_granted((&input, &out, &group), false, "Read", ["--group", &group], nothing_processed).await?;
     assert_eq!(read_topic(&out)?.len(), N, "everything, once, after the grant");
     Ok(())
 }
@@ -153,23 +175,12 @@ async fn without_write_on_the_output(exactly_once: bool) -> Result<()> {
     create_topic(&input, 1).await?;
     create_topic(&out, 1).await?;
     produce(&input, keyed_records(N, 4)).await?;
-    secure::acl(&["--add", "--allow-principal", "User:admin", "--operation", "Write", "--topic", &out])?;
-    let denied = tokio::time::timeout(Duration::from_secs(60), as_alice(&input, &out, &group, exactly_once)?.run())
-        .await
-        .context("the pipeline kept retrying")?;
-    let err = denied.err().context("alice may not write the output")?;
-    let text = format!("{err}");
-    assert!(text.contains(&out) && text.contains("WRITE"), "{text}");
-    assert!(committed_offsets(&group, &input, 1)?.get(&0).is_none_or(|&o| o == 0), "nothing committed");
-    assert!(read_topic(&format!("{input}.dlq")).map(|r| r.is_empty()).unwrap_or(true), "nothing dead-lettered");
-
-    secure::acl(&["--add", "--allow-principal", "User:alice", "--operation", "Write", "--topic", &out])?;
-    let pipeline = as_alice(&input, &out, &group, exactly_once)?;
-    let stop = pipeline.shutdown_token();
-    let run = tokio::spawn(pipeline.run());
-    committed_to_end(&group, &input, 1, Duration::from_secs(60)).await?;
-    stop.cancel();
-    run.await??;
+    let nothing_done = || {
+        assert!(committed_offsets(&group, &input, 1)?.get(&0).is_none_or(|&o| o == 0), "nothing committed");
+        assert!(read_topic(&format!("{input}.dlq")).map(|r| r.is_empty()).unwrap_or(true), "nothing dead-lettered");
+        Ok(())
+    };
+    denied_then_granted((&input, &out, &group), exactly_once, "Write", ["--topic", &out], nothing_done).await?;
     let isolation = if exactly_once { Isolation::ReadCommitted } else { Isolation::ReadUncommitted };
     assert_eq!(read_topic_as(&out, isolation)?.len(), N, "everything, once, after the grant");
     Ok(())
@@ -197,23 +208,12 @@ async fn without_write_on_the_dlq_it_stops_naming_it_and_after_the_grant_dead_le
     }
     let value = |i: usize| if i == POISON { format!("poison-{i}") } else { format!("value-{i}") };
     produce(&input, (0..N).map(|i| (format!("key-{}", i % 4), value(i).into_bytes()))).await?;
-    secure::acl(&["--add", "--allow-principal", "User:admin", "--operation", "Write", "--topic", &dlq])?;
-    let denied = tokio::time::timeout(Duration::from_secs(60), as_alice(&input, &out, &group, false)?.run())
-        .await
-        .context("the pipeline kept retrying")?;
-    let err = denied.err().context("alice may not write the DLQ")?;
-    let text = format!("{err}");
-    assert!(text.contains(&dlq) && text.contains("WRITE"), "{text}");
-    let committed = committed_offsets(&group, &input, 1)?.get(&0).copied().unwrap_or(0);
-    assert!(committed <= POISON as i64, "nothing committed past the poison record: {committed}");
-
-    secure::acl(&["--add", "--allow-principal", "User:alice", "--operation", "Write", "--topic", &dlq])?;
-    let pipeline = as_alice(&input, &out, &group, false)?;
-    let stop = pipeline.shutdown_token();
-    let run = tokio::spawn(pipeline.run());
-    committed_to_end(&group, &input, 1, Duration::from_secs(60)).await?;
-    stop.cancel();
-    run.await??;
+    let nothing_past_the_poison = || {
+        let committed = committed_offsets(&group, &input, 1)?.get(&0).copied().unwrap_or(0);
+        assert!(committed <= POISON as i64, "nothing committed past the poison record: {committed}");
+        Ok(())
+    };
+    denied_then_granted((&input, &out, &group), false, "Write", ["--topic", &dlq], nothing_past_the_poison).await?;
     let dead: Vec<_> = read_topic(&dlq)?.into_iter().map(|r| r.value).collect();
     assert_eq!(dead, vec![Some(value(POISON).into_bytes())], "the poison record dead-lettered once, bytes intact");
     let copied: std::collections::BTreeSet<_> = read_topic(&out)?.into_iter().filter_map(|r| r.value).collect();
@@ -231,23 +231,12 @@ async fn without_the_transactional_id_it_stops_naming_it_and_after_the_grant_pro
     create_topic(&input, 1).await?;
     create_topic(&out, 1).await?;
     produce(&input, keyed_records(N, 4)).await?;
-    secure::acl(&["--add", "--allow-principal", "User:admin", "--operation", "Write", "--transactional-id", &id])?;
-    let denied = tokio::time::timeout(Duration::from_secs(60), as_alice(&input, &out, &group, true)?.run())
-        .await
-        .context("the pipeline kept retrying")?;
-    let err = denied.err().context("alice may not use the transactional id")?;
-    let text = format!("{err}");
-    assert!(text.contains(&id) && text.contains("WRITE"), "{text}");
-    assert!(committed_offsets(&group, &input, 1)?.get(&0).is_none_or(|&o| o == 0), "nothing committed");
-    assert_eq!(read_topic_as(&out, Isolation::ReadCommitted)?.len(), 0, "nothing written");
-
-    secure::acl(&["--add", "--allow-principal", "User:alice", "--operation", "Write", "--transactional-id", &id])?;
-    let pipeline = as_alice(&input, &out, &group, true)?;
-    let stop = pipeline.shutdown_token();
-    let run = tokio::spawn(pipeline.run());
-    committed_to_end(&group, &input, 1, Duration::from_secs(60)).await?;
-    stop.cancel();
-    run.await??;
+    let nothing_done = || {
+        assert!(committed_offsets(&group, &input, 1)?.get(&0).is_none_or(|&o| o == 0), "nothing committed");
+        assert_eq!(read_topic_as(&out, Isolation::ReadCommitted)?.len(), 0, "nothing written");
+        Ok(())
+    };
+    denied_then_granted((&input, &out, &group), true, "Write", ["--transactional-id", &id], nothing_done).await?;
     assert_eq!(read_topic_as(&out, Isolation::ReadCommitted)?.len(), N, "everything, once, after the grant");
     Ok(())
 }
