@@ -20,13 +20,16 @@ use std::time::Duration;
 /// assert!(p.delay_after(3).unwrap() <= Duration::from_millis(400));
 /// assert!(p.delay_after(5).is_none()); // attempts exhausted
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct RetryPolicy {
     /// Attempts in all, the first included (1 = no retry).
     pub max_attempts: u32,
     /// Ceiling of the first backoff.
+    #[serde(with = "humantime_serde")]
     pub base_delay: Duration,
     /// Largest ceiling.
+    #[serde(with = "humantime_serde")]
     pub max_delay: Duration,
 }
 

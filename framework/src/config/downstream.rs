@@ -23,12 +23,27 @@ use crate::error::ConfigError;
 /// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"]).rate_limit(RateLimit::per_second(0));
 /// assert_eq!(config.validate().unwrap_err().field, "rate_limit.per_second");
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(from = "RateLimitSettings")]
 pub struct RateLimit {
     /// Calls per second, sustained (at least 1).
     pub per_second: u32,
     /// Calls that may go at once after a quiet spell (1 to `per_second`).
     pub burst: u32,
+}
+
+/// A [`RateLimit`] as a configuration file writes it: the burst defaults to `per_second`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateLimitSettings {
+    per_second: u32,
+    burst: Option<u32>,
+}
+
+impl From<RateLimitSettings> for RateLimit {
+    fn from(s: RateLimitSettings) -> Self {
+        Self { per_second: s.per_second, burst: s.burst.unwrap_or(s.per_second) }
+    }
 }
 
 impl RateLimit {

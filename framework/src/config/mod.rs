@@ -1,6 +1,7 @@
 //! Pipeline configuration, validated at start-up with the offending field named.
 
 mod downstream;
+mod load;
 mod operate;
 mod parts;
 pub mod properties;
@@ -38,13 +39,15 @@ pub const DEFAULT_BOOTSTRAP: &str = "127.0.0.1:9092";
 /// let bad = PipelineConfig::new("127.0.0.1:9092", "", ["orders"]);
 /// assert_eq!(bad.validate().unwrap_err().field, "group_id");
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default = "PipelineConfig::unset", deny_unknown_fields)]
 pub struct PipelineConfig {
     /// `host:port[,host:port…]` of the brokers.
     pub bootstrap_servers: String,
     /// Consumer group id.
     pub group_id: String,
     /// Topics to consume.
+    #[serde(deserialize_with = "load::one_or_many")]
     pub topics: Vec<String>,
     /// Name reported in logs (and, later, DLQ headers). Defaults to the group id.
     pub name: String,
@@ -54,6 +57,7 @@ pub struct PipelineConfig {
     pub bounds: Bounds,
     /// How often the completed prefix is committed (also committed at revoke and shutdown). In
     /// exactly-once mode, one transaction per interval.
+    #[serde(with = "humantime_serde")]
     pub commit_interval: Duration,
     /// Also commit as soon as this many records finished since the last commit (off by default).
     pub commit_every_records: Option<u64>,
@@ -61,6 +65,7 @@ pub struct PipelineConfig {
     /// Calls still running then are cancelled ([`Context::cancelled`](crate::Context::cancelled)
     /// fires), given [`cancel_grace`](Self::cancel_grace), and dropped; their records are processed
     /// again. Must stay below `max.poll.interval.ms` (and should stay below `session.timeout.ms`).
+    #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
     /// How long one processor call may run before it is cancelled (its future dropped at its next
     /// await) and counted as a transient failure: retried under [`retry`](Self::retry), then
@@ -69,12 +74,14 @@ pub struct PipelineConfig {
     /// the transaction timeout (a hung call holds its partition's later outputs back the way an open
     /// transaction would), and a set value may not exceed it. See
     /// [`attempt_timeout`](Self::attempt_timeout) for what happens to a cancelled call's outputs.
+    #[serde(with = "humantime_serde")]
     pub attempt_timeout: Option<Duration>,
     /// How long a cancelled call (past [`attempt_timeout`](Self::attempt_timeout), or still running
     /// when a revoke's or a shutdown's [`drain_timeout`](Self::drain_timeout) ends) that listens for
     /// [`Context::cancelled`](crate::Context::cancelled) may take to stop before its future is
     /// dropped. Default 1 s. At a revoke the grace runs after the partition was committed and
     /// released, so it does not lengthen the rebalance.
+    #[serde(with = "humantime_serde")]
     pub cancel_grace: Duration,
     /// Retries of transient failures.
     pub retry: RetryPolicy,
@@ -98,14 +105,17 @@ pub struct PipelineConfig {
     /// [`StatsSnapshot::stalled_partitions`](crate::StatsSnapshot::stalled_partitions). Also how long
     /// the cluster may be unreachable before that is logged at error level. Default 60 s, at least
     /// 1 s. See [`stall_timeout`](Self::stall_timeout) for what counts as a stall.
+    #[serde(with = "humantime_serde")]
     pub stall_timeout: Duration,
     /// How long one poll of a processor call may hold its thread (no await) before it is reported
     /// as blocking (see [`blocked_poll_threshold`](Self::blocked_poll_threshold)). Default 1 s, at
     /// least 100 ms.
+    #[serde(with = "humantime_serde")]
     pub blocked_poll_threshold: Duration,
     /// How long `run()` tries to reach the cluster at start-up before failing with
     /// [`Error::Unreachable`](crate::Error::Unreachable). `None` (default): retry until it answers or
     /// the pipeline is stopped, as Kafka clients do.
+    #[serde(with = "humantime_serde")]
     pub startup_timeout: Option<Duration>,
     /// Fail `run()` with [`Error::MissingTopic`](crate::Error::MissingTopic) when an input topic does
     /// not exist, at start-up or later. Default `false`: the missing topic is logged at error level

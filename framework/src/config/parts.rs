@@ -1,10 +1,12 @@
 //! The parts of a [`PipelineConfig`](super::PipelineConfig): processing order, in-flight bounds,
 //! the DLQ, its circuit breaker, and the delivery mode (at-least-once or exactly-once).
 
+use serde::Deserialize;
 use std::time::Duration;
 
 /// How records of one partition may run concurrently.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ProcessingOrder {
     /// Records with the same key run one at a time in offset order; different keys run
     /// concurrently. Records with a null key are ordered by partition.
@@ -17,7 +19,8 @@ pub enum ProcessingOrder {
 }
 
 /// Limits that keep memory flat whatever the backlog (invariant I4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Bounds {
     /// Records handed to processors at the same moment, across all partitions.
     pub max_concurrency: usize,
@@ -42,7 +45,8 @@ impl Default for Bounds {
 }
 
 /// Where records that cannot be processed go.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct DlqConfig {
     /// Dead-letter failed records (default). When off, a failed record is logged and left
     /// uncommitted (redelivered after a restart); the partition keeps flowing for other records.
@@ -81,7 +85,8 @@ impl Default for DlqConfig {
 /// let config = PipelineConfig::new("127.0.0.1:9092", "billing", ["orders"]).circuit_breaker(breaker);
 /// assert!(config.validate().is_ok());
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct CircuitBreakerConfig {
     /// On by default.
     pub enabled: bool,
@@ -97,6 +102,7 @@ pub struct CircuitBreakerConfig {
     /// Ended attempts per evaluation window of the transient share. Default 200.
     pub transient_window: u32,
     /// How long consumption stays paused before the probe.
+    #[serde(with = "humantime_serde")]
     pub cooldown: Duration,
 }
 
@@ -115,7 +121,8 @@ impl Default for CircuitBreakerConfig {
 }
 
 /// What a committed offset promises.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Delivery {
     /// Offsets are committed after each record's effects and outputs are done (acknowledged): nothing
     /// is lost, a crash may repeat effects (absorbed by the dedup store when it is on).
@@ -144,7 +151,8 @@ pub enum Delivery {
 /// assert_eq!(config.commit_interval, Duration::from_millis(100)); // one transaction per 100 ms
 /// assert!(config.validate().is_ok());
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ExactlyOnce {
     /// The producer's `transactional.id`. Default `<group_id>.<hostname>`: set it when several
     /// instances of one group run on the same host, or they fence each other.
@@ -153,10 +161,12 @@ pub struct ExactlyOnce {
     /// it (what a crashed instance's open transaction costs readers). Must be at least twice the
     /// commit interval and one second; default 10 s. The broker caps it at its
     /// `transaction.max.timeout.ms` (15 min by default).
+    #[serde(with = "humantime_serde")]
     pub transaction_timeout: Duration,
     /// Fault injection for tests: abort this share (0.0–1.0) of transactions on purpose instead of
     /// committing them, exercising the abort-and-rewind path; spread evenly (1/3 aborts every third
     /// transaction), not at random. 0 (off) by default.
+    #[serde(skip)]
     pub inject_abort_ratio: f64,
 }
 

@@ -90,6 +90,51 @@ impl From<BTreeMap<String, String>> for KafkaProperties {
     }
 }
 
+/// A property value as a configuration file writes it: text, a number or a boolean (passed to
+/// librdkafka as text), or a table whose keys continue the name (TOML's `ssl.ca.location = "…"`
+/// is the table `ssl` → `ca` → `location`).
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Node {
+    Text(String),
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Table(BTreeMap<String, Node>),
+}
+
+impl Node {
+    fn flatten_into(self, name: String, out: &mut BTreeMap<String, String>) {
+        let text = match self {
+            Node::Text(t) => t,
+            Node::Bool(b) => b.to_string(),
+            Node::Int(i) => i.to_string(),
+            Node::UInt(u) => u.to_string(),
+            Node::Float(f) => f.to_string(),
+            Node::Table(table) => {
+                for (k, v) in table {
+                    v.flatten_into(format!("{name}.{k}"), out);
+                }
+                return;
+            }
+        };
+        out.insert(name, text);
+    }
+}
+
+/// Property names to values; values may be numbers or booleans and names may be nested tables. A
+/// value of any other shape fails without the value being repeated (it may be a secret).
+impl<'de> serde::Deserialize<'de> for KafkaProperties {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut out = BTreeMap::new();
+        for (k, v) in BTreeMap::<String, Node>::deserialize(d)? {
+            v.flatten_into(k, &mut out);
+        }
+        Ok(Self(out))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,7 +28,8 @@ use std::time::Duration;
 pub type KeyFn = Arc<dyn Fn(&Record) -> Option<Vec<u8>> + Send + Sync>;
 
 /// What to use when a record has no idempotency key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum DedupFallback {
     /// `topic/partition/offset`: absorbs redeliveries of the same record (crash, rebalance), not
     /// producer duplicates or DLQ replays (those have new offsets).
@@ -39,18 +40,21 @@ pub enum DedupFallback {
 }
 
 /// The dedup store's settings.
-#[derive(Clone)]
+#[derive(Clone, serde::Deserialize)]
+#[serde(default = "DedupConfig::unset", deny_unknown_fields)]
 pub struct DedupConfig {
     /// RocksDB directory (one per instance).
     pub dir: PathBuf,
     /// Header holding the idempotency key. Default `idempotency-key`.
     pub header: String,
     /// Computes the key from the record; tried before the header when set.
+    #[serde(skip)]
     pub key_fn: Option<KeyFn>,
     /// When neither yields a key.
     pub fallback: DedupFallback,
     /// How long a key is remembered (default 7 days). Must exceed the longest retry and replay
     /// window, or a late replay would run the effect again.
+    #[serde(with = "humantime_serde")]
     pub ttl: Duration,
     /// fsync every write (default false: the WAL is written but not fsynced; see
     /// [`dedup::store`](crate::dedup::store)).
@@ -59,6 +63,7 @@ pub struct DedupConfig {
     /// a partition's keys from it on assignment (default true).
     pub changelog: bool,
     /// Longest a restore may take before the partition is processed anyway (with a warning).
+    #[serde(with = "humantime_serde")]
     pub restore_timeout: Duration,
 }
 
@@ -90,6 +95,12 @@ impl DedupConfig {
             changelog: true,
             restore_timeout: Duration::from_secs(60),
         }
+    }
+
+    /// Defaults with no directory: what a configuration file's `[dedup]` table starts from (its
+    /// `dir` is required, checked by [`PipelineConfig::validate`](crate::PipelineConfig::validate)).
+    fn unset() -> Self {
+        Self::new("")
     }
 
     /// The idempotency key of `record`, if it has one.
