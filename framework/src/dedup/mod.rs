@@ -15,6 +15,12 @@
 
 pub(crate) mod changelog;
 pub(crate) mod runtime;
+/// The RocksDB store (the `rocksdb` feature, on by default).
+#[cfg(feature = "rocksdb")]
+pub mod store;
+/// Without the `rocksdb` feature: the same API, whose `open` fails naming the feature.
+#[cfg(not(feature = "rocksdb"))]
+#[path = "store_unbuilt.rs"]
 pub mod store;
 
 use crate::record::Record;
