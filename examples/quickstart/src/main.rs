@@ -6,8 +6,11 @@
 //! 1. creates the topics `orders` and `payments` (4 partitions) if they are missing;
 //! 2. produces `--orders` sample orders (JSON, keyed by customer);
 //! 3. runs the consumer group `quickstart-billing` in key order: each order is "charged" (a short
-//!    random delay standing in for an API call) and a payment record is emitted, whose broker
-//!    acknowledgement gates the order's offset commit;
+//!    random delay standing in for an API call that takes the order id as its idempotency key) and a
+//!    payment record is emitted, with the order id as its `idempotency-key` header, whose broker
+//!    acknowledgement gates the order's offset commit. An order redelivered after a crash is charged
+//!    and paid under the same id again, so the provider and a consumer of `payments` with the dedup
+//!    store (examples/billing) absorb the repeat;
 //! 4. stops once this run's orders are processed and prints what it did, including a check that every
 //!    customer's orders were charged in the order they were placed.
 //!
@@ -58,6 +61,8 @@ struct Args {
 
 #[derive(Serialize, Deserialize)]
 struct Order {
+    /// Unique per order: the idempotency key of its charge and its payment.
+    id: String,
     customer: String,
     seq: u64,
     amount_cents: u64,
@@ -65,6 +70,7 @@ struct Order {
 
 #[derive(Serialize)]
 struct Payment<'a> {
+    order_id: &'a str,
     customer: &'a str,
     order_seq: u64,
     amount_cents: u64,
@@ -89,11 +95,20 @@ impl Processor for Billing {
             }
             last.insert(order.customer.clone(), order.seq);
         }
-        // Stand-in for a payment provider call.
+        // Stand-in for a payment provider call, which would carry `order.id` as its idempotency key.
         tokio::time::sleep(Duration::from_micros(rand::random_range(0..2_000))).await;
-        let payment = Payment { customer: &order.customer, order_seq: order.seq, amount_cents: order.amount_cents };
+        let payment = Payment {
+            order_id: &order.id,
+            customer: &order.customer,
+            order_seq: order.seq,
+            amount_cents: order.amount_cents,
+        };
         let value = serde_json::to_vec(&payment).map_err(ProcessError::permanent)?;
-        ctx.emit(OutputRecord::to(&self.payments_topic).key(order.customer.clone()).value(value)).await?;
+        let payment = OutputRecord::to(&self.payments_topic)
+            .key(order.customer.clone())
+            .value(value)
+            .header("idempotency-key", order.id);
+        ctx.emit(payment).await?;
         self.processed.send_modify(|n| *n += 1);
         Ok(())
     }
@@ -119,6 +134,7 @@ async fn produce_orders(bootstrap: &str, args: &Args) -> Result<()> {
     let mut deliveries = Vec::with_capacity(args.orders);
     for i in 0..args.orders {
         let order = Order {
+            id: format!("order-{run}-{i}"),
             customer: format!("customer-{}", i % args.customers),
             // Increasing per customer across runs, so the order check holds for reruns too.
             seq: run * 1_000_000 + i as u64,
