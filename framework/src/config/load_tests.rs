@@ -180,3 +180,80 @@ fn a_malformed_secret_is_not_repeated() {
     assert!(e.field.starts_with("kafka"), "{e}");
     assert!(!format!("{e} {e:?}").contains("hunter2"), "{e}");
 }
+
+/// Every field the README's "in the file" table names, spelled as there: unknown fields are refused,
+/// so a name the table got wrong fails here.
+const EVERY_FIELD: &str = r#"
+bootstrap_servers = "127.0.0.1:9092"
+group_id = "g"
+topics = ["t"]
+name = "n"
+ordering = "unordered"
+commit_interval = "2s"
+commit_every_records = 500
+drain_timeout = "5s"
+attempt_timeout = "3s"
+cancel_grace = "2s"
+stall_timeout = "30s"
+blocked_poll_threshold = "2s"
+startup_timeout = "20s"
+fail_on_missing_topic = true
+http = "127.0.0.1:9464"
+
+[bounds]
+max_concurrency = 8
+max_in_flight_total = 1000
+max_buffered_bytes = 1048576
+max_in_flight_per_partition = 500
+
+[retry]
+max_attempts = 2
+base_delay = "10ms"
+max_delay = "1s"
+
+[dlq]
+enabled = true
+topic = "{topic}.dead"
+create_topics = false
+
+[circuit_breaker]
+enabled = true
+window = 100
+max_dlq_share = 0.4
+max_consecutive = 50
+max_transient_share = 0.7
+transient_window = 100
+cooldown = "10s"
+
+[rate_limit]
+per_second = 100
+burst = 10
+
+[dedup]
+dir = "/tmp/d"
+header = "x-id"
+fallback = "coordinates"
+ttl = "1d"
+sync_writes = true
+changelog = false
+restore_timeout = "30s"
+
+[delivery.exactly_once]
+transactional_id = "g-0"
+transaction_timeout = "20s"
+
+[producer]
+"linger.ms" = 10
+"#;
+
+#[test]
+fn every_documented_field_is_accepted() {
+    let c = PipelineConfig::from_toml(EVERY_FIELD).expect("every documented field");
+    assert_eq!((c.ordering, c.commit_every_records), (ProcessingOrder::Unordered, Some(500)));
+    assert_eq!((c.bounds.max_in_flight_per_partition, c.dlq.topic.as_str()), (500, "{topic}.dead"));
+    assert_eq!((c.circuit_breaker.transient_window, c.cancel_grace), (100, Duration::from_secs(2)));
+    let dedup = c.dedup.expect("dedup");
+    assert_eq!((dedup.header.as_str(), dedup.sync_writes, dedup.changelog), ("x-id", true, false));
+    assert_eq!(c.rate_limit.map(|l| l.burst), Some(10));
+    assert!(matches!(c.delivery, Delivery::ExactlyOnce(_)));
+}
