@@ -36,6 +36,26 @@ struct Args {
     /// a service until a signal.
     #[arg(long, default_value_t = 1000)]
     produce: u64,
+    /// The prefix of the produced orders' ids (default: `run-<milliseconds since the epoch>`);
+    /// `--check` counts the orders with this prefix.
+    #[arg(long)]
+    run_id: Option<String>,
+    /// Only produce this many orders to the input topic, then exit (no pipeline): feeds instances
+    /// that run as a service, as `scripts/docker test` does.
+    #[arg(long, value_name = "N", conflicts_with = "check")]
+    produce_only: Option<u64>,
+    /// Only read the output back with read_committed until it holds `N` distinct orders of
+    /// `--run-id`, then exit: 0 when each is there exactly once, 1 when one is missing after
+    /// `--check-timeout-secs` or repeated.
+    #[arg(long, value_name = "N", requires = "run_id")]
+    check: Option<u64>,
+    /// How long `--check` waits for the last orders to be committed.
+    #[arg(long, default_value_t = 120)]
+    check_timeout_secs: u64,
+    /// A pause per order, standing in for the customer lookup of a real enricher (so that a test
+    /// can stop an instance mid-stream).
+    #[arg(long, env = "ENRICHER_LOOKUP_DELAY_MS", default_value_t = 0)]
+    lookup_delay_ms: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -65,12 +85,16 @@ fn tier(customer: &str) -> (&'static str, u64) {
 
 struct Enricher {
     output_topic: String,
+    lookup_delay: Duration,
 }
 
 impl Processor for Enricher {
     async fn process(&self, record: &Record, ctx: &Context) -> Result<(), ProcessError> {
         let order: Order =
             serde_json::from_slice(record.value.as_deref().unwrap_or_default()).map_err(ProcessError::permanent)?;
+        if !self.lookup_delay.is_zero() {
+            tokio::time::sleep(self.lookup_delay).await;
+        }
         let (tier, percent) = tier(&order.customer);
         let discount_cents = order.amount_cents * percent / 100;
         let key = order.customer.clone();
@@ -131,13 +155,36 @@ async fn main() -> Result<()> {
     topics.push(&args.output_topic);
     ensure_topics(&bootstrap, &topics).await?;
 
-    let run = format!("run-{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis());
+    let run = match &args.run_id {
+        Some(run) => run.clone(),
+        None => format!("run-{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis()),
+    };
+    if let Some(n) = args.produce_only {
+        produce_orders(&bootstrap, &config.topics[0], &run, n).await?;
+        println!("produced {n} orders of run `{run}` to `{}`", config.topics[0]);
+        return Ok(());
+    }
+    if let Some(n) = args.check {
+        let timeout = Duration::from_secs(args.check_timeout_secs);
+        let (distinct, repeated) =
+            verify::until_committed(&bootstrap, &args.output_topic, &format!("{run}-"), n, timeout)?;
+        println!(
+            "read back with isolation.level=read_committed: {distinct} of {n} orders of run `{run}`, {repeated} repeated"
+        );
+        if distinct != n || repeated > 0 {
+            bail!("run `{run}`: {distinct} of {n} orders committed, {repeated} repeated");
+        }
+        return Ok(());
+    }
     if args.produce > 0 {
         produce_orders(&bootstrap, &config.topics[0], &run, args.produce).await?;
         println!("produced {} orders to `{}`", args.produce, config.topics[0]);
     }
 
-    let pipeline = Pipeline::new(config, Enricher { output_topic: args.output_topic.clone() })?;
+    let pipeline = Pipeline::new(
+        config,
+        Enricher { output_topic: args.output_topic.clone(), lookup_delay: Duration::from_millis(args.lookup_delay_ms) },
+    )?;
     let (stats, stop) = (pipeline.stats(), pipeline.shutdown_token());
     millrace::shutdown::on_signals(stop.clone());
     let running = tokio::spawn(pipeline.run());

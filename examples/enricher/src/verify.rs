@@ -10,8 +10,8 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// librdkafka's default context logs each partition's end as an error; here it is the expected
-/// end of the read.
+/// librdkafka's default context logs each partition's end as an error (it reaches the error callback
+/// as a global `PartitionEOF` code); here it is the expected end of the read.
 struct EndIsNoError;
 
 impl ClientContext for EndIsNoError {
@@ -50,7 +50,6 @@ pub fn read_committed(bootstrap: &str, topic: &str, prefix: &str) -> Result<(u64
         match consumer.poll(Duration::from_millis(200)) {
             None => {}
             Some(Err(KafkaError::PartitionEOF(_))) => at_end += 1,
-            Some(Err(e)) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) => at_end += 1,
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(m)) => {
                 let value: serde_json::Value = serde_json::from_slice(m.payload().unwrap_or_default())?;
@@ -62,4 +61,17 @@ pub fn read_committed(bootstrap: &str, topic: &str, prefix: &str) -> Result<(u64
     }
     let repeated = seen.values().map(|n| n - 1).sum();
     Ok((seen.len() as u64, repeated))
+}
+
+/// Reads the output as [`read_committed`] does, again and again until it holds `n` distinct orders
+/// of the run (or `timeout` passes): the counts of the last read.
+pub fn until_committed(bootstrap: &str, topic: &str, prefix: &str, n: u64, timeout: Duration) -> Result<(u64, u64)> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (distinct, repeated) = read_committed(bootstrap, topic, prefix)?;
+        if distinct >= n || repeated > 0 || Instant::now() > deadline {
+            return Ok((distinct, repeated));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
