@@ -22,7 +22,9 @@ use tokio_util::sync::CancellationToken;
 pub struct Context {
     attempt: u32,
     epoch: u64,
-    idempotency_key: Option<Vec<u8>>,
+    idempotency_key: IdempotencyKey,
+    /// The coordinates key, formatted on the first [`idempotency_key`](Self::idempotency_key) call.
+    coordinates_key: OnceLock<Vec<u8>>,
     trace: Option<TraceContext>,
     handles: Arc<RuntimeHandles>,
     pending: Mutex<Vec<(String, DeliveryFuture)>>,
@@ -98,11 +100,23 @@ pub(crate) struct RuntimeHandles {
     pub(crate) log: std::sync::Arc<crate::kafka::log::KafkaLog>,
 }
 
+/// Where a record's [`Context::idempotency_key`] comes from.
+#[derive(Debug, Clone)]
+pub(crate) enum IdempotencyKey {
+    /// The dedup store's key, or the record's `idempotency-key` header with the store off.
+    Given(Vec<u8>),
+    /// `topic/partition/offset`, formatted only when asked for (the store is off and the record has
+    /// no header; or the store's fallback, which formats it itself).
+    Coordinates { topic: Arc<str>, partition: i32, offset: i64 },
+    /// The store is on and its rules give none (`fallback = "none"`).
+    Absent,
+}
+
 impl Context {
     pub(crate) fn new(
         attempt: u32,
         epoch: u64,
-        idempotency_key: Option<Vec<u8>>,
+        idempotency_key: IdempotencyKey,
         trace: Option<TraceContext>,
         handles: Arc<RuntimeHandles>,
     ) -> Self {
@@ -110,6 +124,7 @@ impl Context {
             attempt,
             epoch,
             idempotency_key,
+            coordinates_key: OnceLock::new(),
             trace,
             handles,
             pending: Mutex::new(Vec::new()),
@@ -172,11 +187,24 @@ impl Context {
         self.cancel.get().inspect(|t| t.cancel()).is_some()
     }
 
-    /// The record's idempotency key when the dedup store is on: the same on every attempt, every
-    /// redelivery and every DLQ replay. Pass it to downstream APIs that accept one, to absorb the one
-    /// repeat dedup cannot prevent (a crash between the effect and the dedup write).
+    /// The record's idempotency key, the same on every attempt and every redelivery. Pass it to
+    /// downstream APIs that accept one, to absorb the one repeat dedup cannot prevent (a crash
+    /// between the effect and the dedup write) or, with the dedup store off, every redelivery.
+    ///
+    /// With the store on, it is the key the store checks ([`DedupConfig::key_of`]
+    /// (crate::DedupConfig::key_of)); `None` only with `fallback = "none"` and no key. With the store
+    /// off, the same default rules: the record's `idempotency-key` header, else its coordinates
+    /// `topic/partition/offset`. Coordinates change when a record is produced again or replayed
+    /// from the DLQ (it gets a new offset), so give records a key of their own (docs/guarantees.md,
+    /// "Dedup scope").
     pub fn idempotency_key(&self) -> Option<&[u8]> {
-        self.idempotency_key.as_deref()
+        match &self.idempotency_key {
+            IdempotencyKey::Given(key) => Some(key),
+            IdempotencyKey::Coordinates { topic, partition, offset } => {
+                Some(self.coordinates_key.get_or_init(|| crate::dedup::coordinates_key(topic, *partition, *offset)))
+            }
+            IdempotencyKey::Absent => None,
+        }
     }
 
     /// The record's place in a distributed trace, when its headers carry a W3C `traceparent` (see

@@ -98,12 +98,17 @@ async fn duplicates_and_concurrent_same_key_records_run_the_effect_once() -> Res
     let dir = temp_dir("dedup-dup");
     create_topic(&topic, 2).await?;
     // 200 events, then the same 200 again (new offsets: a producer retry or an upstream replay), and
-    // 50 events whose Kafka keys differ but idempotency keys collide, so they may run concurrently.
+    // 50 events whose Kafka keys differ but idempotency keys collide, so they may run concurrently
+    // (different lanes). The store's scope is the input partition: each pair collides because both
+    // land on one partition, checked below (another partition escapes it, see
+    // the_same_key_on_another_partition_is_not_a_duplicate).
     let mut records = events(0..200, |i| format!("customer-{}", i % 20));
     records.extend(events(0..200, |i| format!("customer-{}", i % 20)));
     records.extend(events(200..250, |i| format!("a-{i}")));
     records.extend(events(200..250, |i| format!("b-{i}")));
-    produce_raw(&topic, records).await?;
+    let written = produce_raw(&topic, records).await?;
+    let split = (0..50).filter(|i| written[400 + i].0 != written[450 + i].0).count();
+    assert_eq!(split, 0, "each colliding pair is on one partition (the test's premise)");
 
     let effects = Effects::default();
     let (tx, rx) = watch::channel(0);
@@ -353,5 +358,66 @@ async fn exactly_once_with_dedup_skips_duplicates_across_a_move() -> Result<()> 
     for d in [dir_a, dir_b] {
         std::fs::remove_dir_all(&d).ok();
     }
+    Ok(())
+}
+
+/// Produces `(partition, idempotency key)` records to explicit partitions.
+async fn produce_to_partitions(topic: &str, records: &[(i32, &str)]) -> Result<()> {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap()).create()?;
+    for (partition, key) in records {
+        let headers = OwnedHeaders::new().insert(Header { key: "idempotency-key", value: Some(key.as_bytes()) });
+        let record =
+            FutureRecord::<str, str>::to(topic).partition(*partition).key(key).payload("charge").headers(headers);
+        producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e)?;
+    }
+    Ok(())
+}
+
+/// The documented scope (docs/guarantees.md, "Dedup scope"): a duplicate is the same idempotency key
+/// within the same input partition and TTL. The same key on another partition runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_key_on_another_partition_is_not_a_duplicate() -> Result<()> {
+    init_logs();
+    let topic = unique("dedup-scope");
+    let dir = temp_dir("dedup-scope");
+    create_topic(&topic, 2).await?;
+    // evt-1 twice on partition 0 and once on partition 1; evt-2 twice on partition 1.
+    produce_to_partitions(&topic, &[(0, "evt-1"), (0, "evt-1"), (1, "evt-1"), (1, "evt-2"), (1, "evt-2")]).await?;
+    let effects = Effects::default();
+    let (tx, rx) = watch::channel(0);
+    let charge = Charge { effects: effects.clone(), done: tx, fail_first_attempt: false };
+    let s = run_until(config(&topic, &unique("dedup-scope-group"), &dir), charge, rx, |s, _| {
+        s.processed + s.dedup_hits >= 5
+    })
+    .await?;
+    let per_key = effects.per_key.lock().unwrap().clone();
+    assert_eq!(per_key, HashMap::from([("evt-1".to_owned(), 2), ("evt-2".to_owned(), 1)]), "once per partition");
+    assert_eq!((s.processed, s.dedup_hits), (3, 2));
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(())
+}
+
+/// With the store off the context still gives a key, by the store's default rules: the
+/// `idempotency-key` header, else `topic/partition/offset`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_key_without_the_store_is_the_header_or_the_coordinates() -> Result<()> {
+    init_logs();
+    let topic = unique("nodedup-key");
+    create_topic(&topic, 1).await?;
+    let records = vec![
+        (Some(b"k".to_vec()), Some(b"x".to_vec()), vec![("idempotency-key".to_owned(), b"evt-7".to_vec())]),
+        (Some(b"k".to_vec()), Some(b"y".to_vec()), vec![]),
+    ];
+    let written = produce_raw(&topic, records).await?;
+    let effects = Effects::default();
+    let (tx, rx) = watch::channel(0);
+    let charge = Charge { effects: effects.clone(), done: tx, fail_first_attempt: false };
+    let config = PipelineConfig::new(bootstrap(), unique("nodedup-key-group"), [topic.as_str()]);
+    run_until(config, charge, rx, |_, done| done >= 2).await?;
+    let keys: Vec<_> = effects.attempts.lock().unwrap().iter().map(|(_, key)| key.clone()).collect();
+    let (p, o) = written[1];
+    assert_eq!(keys, vec![Some("evt-7".to_owned()), Some(format!("{topic}/{p}/{o}"))]);
     Ok(())
 }

@@ -30,6 +30,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// The header that carries a record's idempotency key by default ([`DedupConfig::header`]).
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// The fallback key of a record: `topic/partition/offset`.
+pub(crate) fn coordinates_key(topic: &str, partition: i32, offset: i64) -> Vec<u8> {
+    format!("{topic}/{partition}/{offset}").into_bytes()
+}
+
 /// Computes a record's idempotency key.
 pub type KeyFn = Arc<dyn Fn(&Record) -> Option<Vec<u8>> + Send + Sync>;
 
@@ -93,7 +101,7 @@ impl DedupConfig {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
-            header: "idempotency-key".into(),
+            header: IDEMPOTENCY_KEY_HEADER.into(),
             key_fn: None,
             fallback: DedupFallback::Coordinates,
             ttl: Duration::from_secs(7 * 24 * 3600),
@@ -121,18 +129,21 @@ impl DedupConfig {
     /// assert_eq!(config.key_of(&r).unwrap(), b"order-7");
     /// ```
     pub fn key_of(&self, record: &Record) -> Option<Vec<u8>> {
+        self.key_and_origin(record).map(|(key, _)| key)
+    }
+
+    /// [`key_of`](Self::key_of), and whether the key is the coordinates fallback.
+    pub(crate) fn key_and_origin(&self, record: &Record) -> Option<(Vec<u8>, bool)> {
         if let Some(f) = &self.key_fn
             && let Some(k) = f(record)
         {
-            return Some(k);
+            return Some((k, false));
         }
         if let Some(k) = record.headers.get(&self.header) {
-            return Some(k.to_vec());
+            return Some((k.to_vec(), false));
         }
         match self.fallback {
-            DedupFallback::Coordinates => {
-                Some(format!("{}/{}/{}", record.topic, record.partition, record.offset).into_bytes())
-            }
+            DedupFallback::Coordinates => Some((coordinates_key(&record.topic, record.partition, record.offset), true)),
             DedupFallback::None => None,
         }
     }

@@ -20,6 +20,8 @@ pub(crate) struct Dedup {
     pub(crate) changelog: String,
     /// Whether the changelog topic was created (or found) in this run.
     pub(crate) changelog_ready: AtomicBool,
+    /// Whether the first record keyed by its coordinates (the fallback) was warned about.
+    pub(crate) fallback_warned: AtomicBool,
     /// Per topic-partition: the next changelog offset known to be applied locally, and how many
     /// writes happened since it was last saved. Saved every [`SAVE_POSITION_EVERY`] writes and when
     /// the partition stops: a stale saved position only makes a restore re-apply entries, which is
@@ -101,6 +103,7 @@ impl Dedup {
             store,
             in_flight: Arc::default(),
             changelog_ready: AtomicBool::new(false),
+            fallback_warned: AtomicBool::new(false),
             positions: Mutex::default(),
         })
     }

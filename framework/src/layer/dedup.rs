@@ -5,6 +5,8 @@
 //! [`crate::dedup::changelog`]'s.
 
 use super::Outcome;
+use crate::context::IdempotencyKey;
+use crate::dedup::IDEMPOTENCY_KEY_HEADER;
 use crate::dedup::KeyGuard;
 use crate::dedup::changelog;
 use crate::dedup::runtime::Dedup;
@@ -13,12 +15,14 @@ use crate::record::Record;
 use crate::shared::Shared;
 use crate::state::pending::PendingOutputs;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use tokio_util::sync::CancellationToken;
 
 /// What the store says of a record before it runs.
 pub(crate) enum Check<'a> {
-    /// The dedup store is off, or the record has no idempotency key.
-    Off,
+    /// The dedup store is off, or the record has no idempotency key: run it with this key for
+    /// [`Context::idempotency_key`](crate::Context::idempotency_key).
+    Off(IdempotencyKey),
     /// Its key was processed already: skip it.
     Duplicate,
     /// Not seen: run it while holding its key, then [`Held::after`].
@@ -42,9 +46,16 @@ pub(crate) async fn check<'a, P: Processor>(
     record: &Record,
     cancel: &CancellationToken,
 ) -> Check<'a> {
-    let Some((dedup, key)) = shared.dedup.as_ref().and_then(|d| Some((d, d.config.key_of(record)?))) else {
-        return Check::Off;
-    };
+    let Some(dedup) = shared.dedup.as_ref() else { return Check::Off(key_without_store(record)) };
+    let Some((key, fallback)) = dedup.config.key_and_origin(record) else { return Check::Off(IdempotencyKey::Absent) };
+    if fallback && !dedup.fallback_warned.swap(true, Relaxed) {
+        tracing::warn!(pipeline = %shared.config.name, topic = %record.topic, partition = record.partition,
+            offset = record.offset,
+            "a record without an idempotency key (no `{}` header, no key_fn result) is deduplicated by its \
+             coordinates topic/partition/offset: a copy produced again or replayed from the DLQ has new \
+             coordinates and runs again; give records a key, or set dedup.fallback = \"none\" (logged once)",
+            dedup.config.header);
+    }
     let guard = tokio::select! {
         held = dedup.in_flight.hold(&key) => held,
         _ = cancel.cancelled() => return Check::Abandoned,
@@ -61,6 +72,18 @@ pub(crate) async fn check<'a, P: Processor>(
             shared.log.warn("dedup lookup failed; processing the record", &e.to_string());
             Check::Fresh(Held { dedup, key, _guard: guard })
         }
+    }
+}
+
+/// The key a record's context gives with the store off: the default header, else the coordinates.
+fn key_without_store(record: &Record) -> IdempotencyKey {
+    match record.headers.get(IDEMPOTENCY_KEY_HEADER) {
+        Some(key) => IdempotencyKey::Given(key.to_vec()),
+        None => IdempotencyKey::Coordinates {
+            topic: record.topic.clone(),
+            partition: record.partition,
+            offset: record.offset,
+        },
     }
 }
 

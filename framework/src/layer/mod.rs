@@ -19,6 +19,7 @@ pub(crate) mod dlq;
 pub(crate) mod rejected;
 pub(crate) mod retry;
 
+use crate::context::IdempotencyKey;
 use crate::dlq::Failure;
 use crate::processor::Processor;
 use crate::record::{OutputRecord, Record};
@@ -89,12 +90,13 @@ pub(crate) async fn process<P: Processor>(
     // 3. Dedup, around 4 and 5.
     let mut dedup_miss = false;
     let (outcome, dedup_key) = match dedup::check(shared, pending, record, cancel).await {
-        dedup::Check::Off => (run(shared, epoch, record, None, cancel, scope).await, None),
+        dedup::Check::Off(key) => (run(shared, epoch, record, key, cancel, scope).await, None),
         dedup::Check::Abandoned => (Outcome::Abandoned, None),
         dedup::Check::Duplicate => (Outcome::Duplicate, None),
         dedup::Check::Fresh(held) => {
             dedup_miss = true;
-            let outcome = run(shared, epoch, record, Some(held.key()), cancel, scope).await;
+            let key = IdempotencyKey::Given(held.key().to_vec());
+            let outcome = run(shared, epoch, record, key, cancel, scope).await;
             held.after(shared, record, outcome, cancel).await
         }
     };
@@ -106,11 +108,11 @@ async fn run<P: Processor>(
     shared: &Arc<Shared<P>>,
     epoch: u64,
     record: &Record,
-    idempotency_key: Option<&[u8]>,
+    idempotency_key: IdempotencyKey,
     cancel: &CancellationToken,
     scope: &CallScope,
 ) -> Outcome {
-    match retry::attempt_until_done(shared, epoch, record, idempotency_key, cancel, scope).await {
+    match retry::attempt_until_done(shared, epoch, record, &idempotency_key, cancel, scope).await {
         Ok(outcome) => outcome,
         Err(failure) => dlq::failed(shared, record, failure, cancel).await,
     }

@@ -8,7 +8,7 @@
 
 use crate::blocking::Slot;
 use crate::clock::now_ms;
-use crate::context::{CancelReason, Context, DrainDeadline};
+use crate::context::{CancelReason, Context, DrainDeadline, IdempotencyKey};
 use crate::dlq::{DlqErrorKind, Failure};
 use crate::error::{Cause, ProcessError};
 use crate::histogram::TaskHistogram;
@@ -34,7 +34,7 @@ pub(crate) async fn attempt_until_done<P: Processor>(
     shared: &Shared<P>,
     epoch: u64,
     record: &Record,
-    idempotency_key: Option<&[u8]>,
+    idempotency_key: &IdempotencyKey,
     cancel: &CancellationToken,
     scope: &CallScope,
 ) -> Result<Outcome, Failure> {
@@ -54,8 +54,7 @@ pub(crate) async fn attempt_until_done<P: Processor>(
         if let Some(t) = &attempt_trace {
             span.record("span_id", t.span_id());
         }
-        let ctx =
-            Context::new(attempt, epoch, idempotency_key.map(<[u8]>::to_vec), attempt_trace, shared.handles.clone());
+        let ctx = Context::new(attempt, epoch, idempotency_key.clone(), attempt_trace, shared.handles.clone());
         // A retry waits while the breaker is open instead of churning; half-open, one attempt probes.
         let Some(probe) = shared.breaker.gate(cancel).await else { return Ok(Outcome::Abandoned) };
         if let Some(limit) = &shared.rate_limit {
