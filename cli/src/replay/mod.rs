@@ -9,7 +9,9 @@
 //! A replayed record is the original: key, value bytes unchanged, user headers (idempotency keys
 //! survive), plus `millrace.replay.count` = previous count + 1; the other `millrace.*` headers are
 //! dropped. Sent back to its original topic it goes to its original partition while that still
-//! exists, so per-key order is kept whatever partitioner first placed it.
+//! exists, whatever partitioner first placed it, so the replayed records of a key keep their
+//! offset order among themselves. They land behind the key's records that ran since: per-key order
+//! across a dead-lettered record is not kept (docs/guarantees.md, "Per-key order and the DLQ").
 //!
 //! This module decides what happens to each record ([`decide`]) and builds what is produced
 //! ([`replay_output`]); `replayer` drives the scan, the produces and the commits; `output` reports.
