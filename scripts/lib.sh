@@ -95,3 +95,17 @@ ensure_prometheus() {
   export PROMETHEUS_URL="http://127.0.0.1:${PROMETHEUS_PORT:-9090}"
   export PROMETHEUS_TARGETS_DIR="${PROMETHEUS_DATA_DIR:-$HOME/.cache/millrace/prometheus}/targets"
 }
+
+# Starts scripts/postgres unless MILLRACE_POSTGRES_URL is set; stops it again on exit if it started it.
+ensure_postgres() {
+  if [[ -n "${MILLRACE_POSTGRES_URL:-}" ]]; then
+    # Without its password, if the URL has one.
+    echo "using PostgreSQL at $(sed -E 's#(://[^:@/]+):[^@/]*@#\1:***@#' <<<"$MILLRACE_POSTGRES_URL")"
+    return
+  fi
+  if ! scripts/postgres status >/dev/null 2>&1; then
+    scripts/postgres up
+    on_exit 'scripts/postgres down'
+  fi
+  export MILLRACE_POSTGRES_URL="postgres://millrace@127.0.0.1:${POSTGRES_PORT:-5432}/millrace"
+}

@@ -51,6 +51,7 @@ mod dedup_bench;
 mod kafka;
 mod measure;
 mod memory_bench;
+mod outbox_bench;
 mod report;
 mod slow_bench;
 
@@ -89,6 +90,9 @@ enum Command {
     /// Decode+encode throughput of the JSON and Avro codecs on ~1 KB records, in process (Avro schema
     /// cached; registry from SCHEMA_REGISTRY_URL or the in-process test double).
     Codec(codec_bench::CodecArgs),
+    /// The outbox relay's latency: rows committed to PostgreSQL at a fixed rate, each timed from its
+    /// commit to a read_committed consumer receiving it (needs MILLRACE_POSTGRES_URL).
+    Outbox(outbox_bench::OutboxArgs),
     /// The child process of `memory` (internal).
     #[command(hide = true)]
     MemoryChild(memory_bench::MemoryChildArgs),
@@ -110,6 +114,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Compare(args) => compare::run(args).await,
         Command::Report(args) => report::run(args),
         Command::Codec(args) => codec_bench::run(args).await,
+        Command::Outbox(args) => outbox_bench::run(args).await,
         Command::MemoryChild(args) => memory_bench::run_child(args).await,
     }
 }

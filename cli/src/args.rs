@@ -38,6 +38,55 @@ pub enum Command {
     /// A consumer group's lag per partition (committed offsets against end offsets, from the
     /// broker), and with `--url` what the pipeline's `/health/ready` says.
     Status(StatusArgs),
+    /// The transactional outbox: publish the rows a service commits to a PostgreSQL table
+    /// (millrace-outbox; outbox/README.md).
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+}
+
+/// `millrace outbox …` commands.
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// Create the outbox table and its notify trigger if they are missing.
+    Install(OutboxArgs),
+    /// Publish committed rows to Kafka (one Kafka transaction per batch) and delete them, until
+    /// SIGINT or SIGTERM. Run several for failover: one is active, the others stand by.
+    Relay(RelayArgs),
+}
+
+/// Where the outbox is.
+#[derive(Debug, Clone, Args)]
+pub struct OutboxArgs {
+    /// The database: a libpq URL (postgres://user:password@host:port/db) or key=value string.
+    #[arg(long, env = "MILLRACE_POSTGRES_URL", hide_env_values = true)]
+    pub postgres: String,
+    /// The outbox table (optionally schema.table).
+    #[arg(long, default_value = "millrace_outbox")]
+    pub table: String,
+}
+
+/// `millrace outbox relay` options.
+#[derive(Debug, Clone, Args)]
+pub struct RelayArgs {
+    /// The outbox.
+    #[command(flatten)]
+    pub outbox: OutboxArgs,
+    /// Rows per Kafka transaction, at most.
+    #[arg(long, default_value_t = 500)]
+    pub batch_size: usize,
+    /// Look at the table at least this often without a notification (ms); also how often a standby
+    /// relay tries to take over.
+    #[arg(long, default_value_t = 1000)]
+    pub poll_interval_ms: u64,
+    /// The Kafka transactional id shared by this outbox's relays (default millrace-outbox-<table>).
+    #[arg(long)]
+    pub transactional_id: Option<String>,
+    /// Put before the row id in the idempotency-key header.
+    #[arg(long, default_value = "")]
+    pub idempotency_key_prefix: String,
+    /// Serve /metrics (Prometheus) and /health/live on this address, e.g. 127.0.0.1:9465.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<std::net::SocketAddr>,
 }
 
 /// `millrace status` options.

@@ -5,6 +5,8 @@
 //! millrace dlq list   <dlq-topic> [filters] [--limit N] [--format table|json]
 //! millrace dlq replay <dlq-topic> [--to TOPIC] [filters] [--dry-run] [--rate N/s] [--max-replays N] [--group G]
 //! millrace status --group G [--topic T]... [--url http://HOST:PORT] [--format table|json]
+//! millrace outbox install --postgres URL [--table T]
+//! millrace outbox relay   --postgres URL [--table T] [--batch-size N] [--poll-interval-ms N] [--http ADDR]
 //! ```
 //!
 //! Brokers come from `--bootstrap` or `KAFKA_BOOTSTRAP_SERVERS` (default `127.0.0.1:9092`). Errors
@@ -15,6 +17,7 @@ mod args;
 mod client;
 mod filter;
 mod list;
+mod outbox;
 mod progress;
 mod read;
 mod replay;
@@ -24,7 +27,7 @@ mod status;
 mod time;
 
 use anyhow::Result;
-use args::{Cli, Command, DlqCommand};
+use args::{Cli, Command, DlqCommand, OutboxCommand};
 use clap::Parser as _;
 use std::process::ExitCode;
 
@@ -60,6 +63,8 @@ async fn run(cli: &Cli) -> Result<ExitCode> {
         Command::Dlq(DlqCommand::Stats(a)) => stats::run(bootstrap, a).await?,
         Command::Dlq(DlqCommand::List(a)) => list::run(bootstrap, a).await?,
         Command::Status(a) => status::run(bootstrap, a).await?,
+        Command::Outbox(OutboxCommand::Install(a)) => outbox::install(bootstrap, a).await?,
+        Command::Outbox(OutboxCommand::Relay(a)) => outbox::relay(bootstrap, a).await?,
         Command::Dlq(DlqCommand::Replay(a)) => {
             let summary = replay::run(bootstrap, a).await?;
             replay::print_summary(&summary, a.format)?;
