@@ -64,6 +64,24 @@ pub async fn wait_progress(
     }
 }
 
+/// Waits until the running incarnation's stats file shows `settle`.
+async fn wait_stat(slot: &mut Slot, settle: Settle, timeout: Duration) -> Result<()> {
+    let Settle { stat, at_least } = settle;
+    let deadline = Instant::now() + timeout;
+    loop {
+        slot.supervise()?;
+        let inc = slot.incarnations.len().saturating_sub(1);
+        let value = slot.incarnations.last().map_or(0, |i| i.stats().get(stat).copied().unwrap_or(0));
+        if value >= at_least {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("incarnation {inc} did not reach {stat} >= {at_least} in {timeout:?} (at {value})");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The input a kill loop measures progress on.
 #[derive(Debug, Clone, Copy)]
 pub struct Input<'a> {
@@ -82,17 +100,27 @@ pub struct KillLoop {
     pub in_open_transaction: usize,
 }
 
+/// A counter the next incarnation must reach (in its `--stats-file`) before it may be killed.
+#[derive(Debug, Clone, Copy)]
+pub struct Settle {
+    /// The counter's name.
+    pub stat: &'static str,
+    /// The value it must reach.
+    pub at_least: u64,
+}
+
 /// SIGKILLs `slot` `kills` times, each after the group committed a random further 2–8% of the `n`
 /// inputs and a random 0–400 ms more, and restarts it; `before_restart(k)` runs while the worker
-/// is down after kill `k`. With `open_transaction`, the second kill waits (up to 10 s) until the
-/// output has a transaction open.
+/// is down after kill `k`, and may return a [`Settle`] that the next incarnation must reach (up to
+/// 60 s) before kill `k + 1` (so a check on that incarnation's counters does not race the kill). With
+/// `open_transaction`, the second kill waits (up to 10 s) until the output has a transaction open.
 pub async fn kill_loop(
     env: &mut Env,
     slot: &mut Slot,
     input: Input<'_>,
     kills: usize,
     open_transaction: Option<(&str, i32)>,
-    mut before_restart: impl AsyncFnMut(usize) -> Result<()>,
+    mut before_restart: impl AsyncFnMut(usize) -> Result<Option<Settle>>,
 ) -> Result<KillLoop> {
     let Input { topic: input, partitions, records } = input;
     let n = records as i64;
@@ -101,6 +129,7 @@ pub async fn kill_loop(
         Some(_) => Some((Watermarks::new(Isolation::ReadCommitted)?, Watermarks::new(Isolation::ReadUncommitted)?)),
         None => None,
     };
+    let mut settle = None;
     for k in 0..kills {
         let now = committed_total(&slot.spec.group, input, partitions).unwrap_or(0);
         let step = n * env.rng.random_range(2..=8) / 100;
@@ -118,8 +147,11 @@ pub async fn kill_loop(
                 result.in_open_transaction += 1;
             }
         }
+        if let Some(s) = settle.take() {
+            wait_stat(slot, s, Duration::from_secs(60)).await?;
+        }
         slot.kill().await?;
-        before_restart(k).await?;
+        settle = before_restart(k).await?;
         slot.start()?;
     }
     Ok(result)
@@ -150,7 +182,7 @@ pub async fn copier_sigkill(mut env: Env) -> Result<Outcome> {
         Input { topic: &input, partitions: 2, records: n },
         kills,
         Some((&output, 3)),
-        async |_| Ok(()),
+        async |_| Ok(None),
     )
     .await?;
     let finish = env.profile.finish_timeout;
@@ -191,7 +223,7 @@ pub async fn negative_control(mut env: Env) -> Result<Outcome> {
     let mut slot = Slot::new(spec);
     slot.start()?;
     let kills = env.profile.control_kills;
-    kill_loop(&mut env, &mut slot, Input { topic: &input, partitions: 2, records: n }, kills, None, async |_| Ok(()))
+    kill_loop(&mut env, &mut slot, Input { topic: &input, partitions: 2, records: n }, kills, None, async |_| Ok(None))
         .await?;
     let finish = env.profile.finish_timeout;
     let all = check::wait_all_committed(&group, &input, 2, finish, || slot.supervise()).await?;

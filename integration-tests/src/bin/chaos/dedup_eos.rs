@@ -10,7 +10,7 @@
 
 use crate::Env;
 use crate::check::{self, ConcurrentReader};
-use crate::copier::{Input, kill_loop};
+use crate::copier::{Input, Settle, kill_loop};
 use crate::fleet::{Slot, WorkerSpec};
 use crate::outcome::Outcome;
 use crate::side_effects::{record, reproduced_ids, wipe_store_and_reproduce};
@@ -55,8 +55,10 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
         async |k| {
             if k == midway {
                 reproduced = wipe_store_and_reproduce(&dedup_dir, &input, &ids).await?.len();
+                // The next incarnation restores both partitions before it is killed.
+                return Ok(Some(Settle { stat: "dedup_restores", at_least: PARTITIONS as u64 }));
             }
-            Ok(())
+            Ok(None)
         },
     )
     .await?;

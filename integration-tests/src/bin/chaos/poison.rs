@@ -69,7 +69,7 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
         Input { topic: &input, partitions: PARTITIONS, records: n },
         kills,
         None,
-        async |_| Ok(()),
+        async |_| Ok(None),
     )
     .await?;
     let finish = env.profile.finish_timeout;

@@ -14,7 +14,7 @@
 
 use crate::Env;
 use crate::check;
-use crate::copier::{Input, KEYS, kill_loop};
+use crate::copier::{Input, KEYS, Settle, kill_loop};
 use crate::fleet::{Ending, Slot, WorkerSpec};
 use crate::outcome::Outcome;
 use anyhow::Result;
@@ -90,8 +90,10 @@ pub async fn run(mut env: Env) -> Result<Outcome> {
             if k == midway {
                 duplicates.extend(wipe_store_and_reproduce(&dedup_dir, &input, &ids).await?);
                 restored_by = Some(k + 1);
+                // The next incarnation restores both partitions before it is killed.
+                return Ok(Some(Settle { stat: "dedup_restores", at_least: PARTITIONS as u64 }));
             }
-            Ok(())
+            Ok(None)
         },
     )
     .await?;
