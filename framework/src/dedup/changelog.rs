@@ -1,7 +1,8 @@
 //! The dedup store's changelog: every recorded key is also produced to the compacted topic
 //! `<group>.dedup-changelog` (same partition number as the input record, source topic in a header),
 //! and a partition's keys are restored from it when the partition is assigned, so that a partition
-//! moving to an instance with an empty disk still rejects duplicates.
+//! moving to an instance with an empty disk still rejects duplicates. The topic is compacted and
+//! deleted by age ([`topic_configs`]), so keys past the TTL leave it and a restore reads live keys.
 
 use crate::dedup::runtime::{Dedup, SOURCE_TOPIC_HEADER};
 use crate::kafka::config::restore_consumer_config;
@@ -73,13 +74,30 @@ async fn write<P: Processor>(
     dedup.note_position(&record.topic, record.partition, offset + 1)
 }
 
-/// Creates the compacted changelog topic once per run (partitions = the largest input topic's).
+/// The changelog topic's settings for a store with `ttl`: compacted (one entry per key) and deleted
+/// by age (`retention.ms` = the TTL), in segments of a tenth of the TTL (1 s to 1 day), so an expired
+/// key leaves the changelog with its segment: a key lives there at most the TTL plus a segment plus
+/// the broker's `log.retention.check.interval.ms`. An entry is produced after its key's first-seen
+/// time, so no segment holding a live key is older than the TTL.
+pub(crate) fn topic_configs(ttl: Duration) -> [(&'static str, String); 3] {
+    let ttl_ms = ttl.as_millis().min(i64::MAX as u128) as i64;
+    let segment_ms = (ttl_ms / 10).clamp(1_000, 24 * 3600 * 1000);
+    [
+        ("cleanup.policy", "compact,delete".to_owned()),
+        ("retention.ms", ttl_ms.to_string()),
+        ("segment.ms", segment_ms.to_string()),
+    ]
+}
+
+/// Creates the changelog topic once per run (partitions = the largest input topic's; settings:
+/// [`topic_configs`]), and warns when an existing one keeps expired keys.
 async fn ensure_changelog<P: Processor>(shared: &Arc<Shared<P>>, dedup: &Dedup) -> Result<(), String> {
     if dedup.changelog_ready.load(Relaxed) {
         return Ok(());
     }
-    let ensured =
-        topic::ensure(&shared.admin, &dedup.changelog, &shared.config.topics, &[("cleanup.policy", "compact")]);
+    let configs = topic_configs(dedup.config.ttl);
+    let configs: Vec<(&str, &str)> = configs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let ensured = topic::ensure(&shared.admin, &dedup.changelog, &shared.config.topics, &configs);
     match ensured.await.map_err(|e| e.refusal("dedup changelog topic", &dedup.changelog)) {
         Ok(()) => {}
         // Not allowed to see or create the changelog: stop rather than retry for ever.
@@ -90,8 +108,40 @@ async fn ensure_changelog<P: Processor>(shared: &Arc<Shared<P>>, dedup: &Dedup) 
         }
         Err(Err(e)) => return Err(e),
     }
+    check_retention(shared, &dedup.changelog, &configs).await;
     dedup.changelog_ready.store(true, Relaxed);
     Ok(())
+}
+
+/// Warns (once per run) when the changelog topic's cleanup policy or retention differ from
+/// [`topic_configs`] (a topic created by an earlier version is compact-only and grows with every
+/// key ever seen), naming the command that fixes it. Settings are not altered: the non-incremental
+/// `AlterConfigs` would reset the topic's other settings.
+async fn check_retention<P: Processor>(shared: &Arc<Shared<P>>, changelog: &str, wanted: &[(&str, &str)]) {
+    let found = match topic::configs_of(&shared.admin, changelog).await {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::debug!(topic = changelog, error = %e, "could not read the dedup changelog's settings");
+            return;
+        }
+    };
+    let differ: Vec<String> = wanted
+        .iter()
+        .filter(|(k, v)| found.get(*k).map(String::as_str) != Some(*v))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    if !differ.is_empty() {
+        let command = format!(
+            "kafka-configs.sh --bootstrap-server <brokers> --alter --entity-type topics --entity-name {changelog} --add-config '{}'",
+            differ.iter().map(|kv| kv.replacen("compact,delete", "[compact,delete]", 1)).collect::<Vec<_>>().join(",")
+        );
+        tracing::warn!(
+            topic = changelog,
+            found = ?wanted.iter().map(|(k, _)| format!("{k}={}", found.get(*k).map_or("?", String::as_str))).collect::<Vec<_>>(),
+            fix = %command,
+            "the dedup changelog keeps expired keys (its settings differ from the TTL's): it grows with every key and a restore reads them all"
+        );
+    }
 }
 
 /// Applies the changelog of `topic`/`partition` to the local store, from where the store left off to
@@ -197,4 +247,21 @@ fn apply<P: Processor>(
     }
     part.set_changelog_position(next).map_err(|e| e.to_string())?;
     Ok((applied, true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::topic_configs;
+    use std::time::Duration;
+
+    #[test]
+    fn the_changelog_is_deleted_by_the_ttl_in_tenths_of_it() {
+        let week = topic_configs(Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(week[0], ("cleanup.policy", "compact,delete".to_owned()));
+        assert_eq!(week[1], ("retention.ms", "604800000".to_owned()));
+        assert_eq!(week[2], ("segment.ms", "60480000".to_owned()));
+        // A tenth of a second-scale TTL is raised to 1 s; of a year, capped at a day.
+        assert_eq!(topic_configs(Duration::from_secs(3))[2].1, "1000");
+        assert_eq!(topic_configs(Duration::from_secs(365 * 24 * 3600))[2].1, "86400000");
+    }
 }

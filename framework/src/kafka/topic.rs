@@ -10,10 +10,11 @@
 //! `ListOffsets` request, which the broker serves from the partition's log.
 
 use crate::retry::Backoff;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -97,6 +98,17 @@ pub(crate) async fn ensure(
     let topic = name.to_owned();
     let admin = admin.clone();
     tokio::task::spawn_blocking(move || wait_writable(&admin, &topic)).await.map_err(|e| e.to_string())?
+}
+
+/// The settings of the topic `name` (every entry the broker describes, defaults included).
+pub(crate) async fn configs_of(
+    admin: &AdminClient<DefaultClientContext>,
+    name: &str,
+) -> Result<HashMap<String, String>, String> {
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+    let results = admin.describe_configs([&ResourceSpecifier::Topic(name)], &opts).await.map_err(|e| e.to_string())?;
+    let resource = results.into_iter().next().ok_or("no answer")?.map_err(|e| e.to_string())?;
+    Ok(resource.entries.into_iter().filter_map(|e| Some((e.name, e.value?))).collect())
 }
 
 /// The largest partition count among `topics` (at least 1).
