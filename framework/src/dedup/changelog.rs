@@ -128,12 +128,13 @@ async fn check_retention<P: Processor>(shared: &Arc<Shared<P>>, changelog: &str,
     let differ: Vec<String> = wanted
         .iter()
         .filter(|(k, v)| found.get(*k).map(String::as_str) != Some(*v))
-        .map(|(k, v)| format!("{k}={v}"))
+        // kafka-configs.sh takes a list value in brackets.
+        .map(|(k, v)| if v.contains(',') { format!("{k}=[{v}]") } else { format!("{k}={v}") })
         .collect();
     if !differ.is_empty() {
         let command = format!(
             "kafka-configs.sh --bootstrap-server <brokers> --alter --entity-type topics --entity-name {changelog} --add-config '{}'",
-            differ.iter().map(|kv| kv.replacen("compact,delete", "[compact,delete]", 1)).collect::<Vec<_>>().join(",")
+            differ.join(",")
         );
         tracing::warn!(
             topic = changelog,

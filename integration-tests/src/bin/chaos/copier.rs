@@ -7,7 +7,7 @@ use crate::check::{self, ConcurrentReader, committed_total, transaction_open};
 use crate::fleet::{Slot, WorkerSpec};
 use crate::outcome::Outcome;
 use anyhow::{Result, bail};
-use millrace_integration_tests::{Isolation, Watermarks, create_topic, produce, unique};
+use millrace_integration_tests::{Isolation, Watermarks, create_topic, eventually, produce, unique};
 use rand::RngExt;
 use std::time::{Duration, Instant};
 
@@ -67,19 +67,13 @@ pub async fn wait_progress(
 /// Waits until the running incarnation's stats file shows `settle`.
 async fn wait_stat(slot: &mut Slot, settle: Settle, timeout: Duration) -> Result<()> {
     let Settle { stat, at_least } = settle;
-    let deadline = Instant::now() + timeout;
-    loop {
+    let what = format!("the incarnation after the restart to reach {stat} >= {at_least}");
+    eventually(&what, timeout, || {
         slot.supervise()?;
-        let inc = slot.incarnations.len().saturating_sub(1);
         let value = slot.incarnations.last().map_or(0, |i| i.stats().get(stat).copied().unwrap_or(0));
-        if value >= at_least {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("incarnation {inc} did not reach {stat} >= {at_least} in {timeout:?} (at {value})");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Ok((value >= at_least).then_some(()))
+    })
+    .await
 }
 
 /// The input a kill loop measures progress on.
