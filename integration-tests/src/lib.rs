@@ -52,3 +52,17 @@ pub fn worker_summary(child: &mut std::process::Child) -> Result<String> {
     }
     Ok(out)
 }
+
+/// The idempotency keys in a dedup changelog topic (every entry of every batch record, in either
+/// format), each with its partition.
+pub fn read_changelog(changelog: &str) -> Result<Vec<(i32, Vec<u8>)>> {
+    let records = read_topic(changelog)?;
+    Ok(records
+        .iter()
+        .flat_map(|r| {
+            millrace::dedup::changelog_entries(r.key.as_deref(), r.value.as_deref())
+                .into_iter()
+                .map(|(key, _)| (r.partition, key))
+        })
+        .collect())
+}

@@ -266,7 +266,7 @@ async fn crash_after_dedup_write_before_commit_repeats_no_effect() -> Result<()>
     // between the effect and its dedup write): a restart restores keys from the changelog.
     let changelog = millrace::dedup::changelog_topic(&group);
     eventually("every dedup key in the changelog", Duration::from_secs(30), || {
-        Ok((read_topic(&changelog)?.len() >= N).then_some(()))
+        Ok((read_changelog(&changelog)?.len() >= N).then_some(()))
     })
     .await?;
     signal(&child, libc::SIGKILL)?;

@@ -1,9 +1,11 @@
-//! The dedup store's changelog: every recorded key is also produced to the compacted topic
-//! `<group>.dedup-changelog` (same partition number as the input record, source topic in a header),
+//! The dedup store's changelog: every recorded key is also produced to the topic
+//! `<group>.dedup-changelog` (same partition number as the input record, source topic in a header,
+//! keys in batch records: [`crate::dedup::entries`]),
 //! and a partition's keys are restored from it when the partition is assigned, so that a partition
 //! moving to an instance with an empty disk still rejects duplicates. The topic is compacted and
 //! deleted by age ([`topic_configs`]), so keys past the TTL leave it and a restore reads live keys.
 
+use crate::dedup::entries::for_each_entry;
 use crate::dedup::runtime::{Dedup, SOURCE_TOPIC_HEADER};
 use crate::kafka::config::restore_consumer_config;
 use crate::kafka::produce::{acknowledged, enqueue};
@@ -22,8 +24,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// Records `key` as processed: locally, then in the changelog (acknowledged), retrying until it is
-/// done or `cancel` fires. Returns whether it was recorded.
+/// Records `key` as processed: in the changelog (acknowledged), then locally, in its partition's
+/// next batch ([`crate::dedup::group_commit`]), retrying until it is done or `cancel` fires.
+/// Returns whether it was recorded.
 pub(crate) async fn record<P: Processor>(
     shared: &Arc<Shared<P>>,
     dedup: &Dedup,
@@ -34,7 +37,12 @@ pub(crate) async fn record<P: Processor>(
     let now = crate::clock::now_ms();
     let mut backoff = Backoff::from_policy(&shared.config.retry, Duration::from_millis(100));
     loop {
-        match write(shared, dedup, record, key, now).await {
+        let written = dedup.group_commit.add(shared, &record.topic, record.partition, key, now);
+        let written = tokio::select! {
+            written = written => written.unwrap_or_else(|_| Err("the dedup writer stopped".to_owned())),
+            _ = cancel.cancelled() => return false,
+        };
+        match written {
             Ok(()) => return true,
             Err(e) => shared.log.warn("dedup write failed; the record stays uncommitted", &e),
         }
@@ -44,34 +52,42 @@ pub(crate) async fn record<P: Processor>(
     }
 }
 
-async fn write<P: Processor>(
+/// Writes one batch of `topic`/`partition`'s keys: to the changelog, acknowledged, then to the
+/// local store in one write.
+pub(crate) async fn write_batch<P: Processor>(
     shared: &Arc<Shared<P>>,
-    dedup: &Dedup,
-    record: &Record,
-    key: &[u8],
-    now: i64,
+    topic: &str,
+    partition: i32,
+    entries: &[(Vec<u8>, i64)],
 ) -> Result<(), String> {
-    let store = |key: &[u8]| {
-        dedup
-            .store
-            .partition(&record.topic, record.partition)
-            .and_then(|part| part.record(key, now))
-            .map_err(|e| e.to_string())
+    let dedup = shared.dedup.as_ref().ok_or("the dedup store is off")?;
+    let local = || {
+        let part = dedup.store.partition(topic, partition)?;
+        let mut batch = dedup.store.batch();
+        for (key, at) in entries {
+            batch.record(&part, key, *at);
+        }
+        batch.write()
     };
     if !dedup.config.changelog {
-        return store(key);
+        return local().map_err(|e| e.to_string());
     }
     // The changelog first, the local store after: a crash in between leaves the key only in the
     // changelog (the record runs again here: the documented window), never only on this disk, from
     // where a redelivery would be skipped and committed while another instance, restored from the
     // changelog, would not know the key (found by the chaos suite, seeds 3 and 7).
     ensure_changelog(shared, dedup).await?;
-    let out = dedup.changelog_entry(&record.topic, record.partition, key, now);
-    let delivery = enqueue(&shared.handles.producer, &out).await.map_err(|e| e.to_string())?;
-    // The delivery report says where the entry landed: the local store is current up to there.
-    let offset = acknowledged(&out.topic, delivery).await.map_err(|e| e.to_string())?;
-    store(key)?;
-    dedup.note_position(&record.topic, record.partition, offset + 1)
+    let mut deliveries = Vec::new();
+    for out in dedup.changelog_batches(topic, partition, entries.iter().map(|(k, at)| (&k[..], *at))) {
+        deliveries.push(enqueue(&shared.handles.producer, &out).await.map_err(|e| e.to_string())?);
+    }
+    let mut next = 0;
+    for delivery in deliveries {
+        // The delivery report says where the batch landed: the local store is current up to there.
+        next = next.max(acknowledged(&dedup.changelog, delivery).await.map_err(|e| e.to_string())? + 1);
+    }
+    local().map_err(|e| e.to_string())?;
+    dedup.note_position(topic, partition, next)
 }
 
 /// The changelog topic's settings for a store with `ttl`: compacted (one entry per key) and deleted
@@ -239,12 +255,9 @@ fn apply<P: Processor>(
         if source.is_some_and(|s| s != topic.as_bytes()) {
             continue; // another input topic's key in the same changelog partition
         }
-        if let (Some(key), Some(value)) = (msg.key(), msg.payload())
-            && let Ok(bytes) = <[u8; 8]>::try_from(value)
-        {
-            part.record(key, i64::from_be_bytes(bytes)).map_err(|e| e.to_string())?;
-            applied += 1;
-        }
+        let mut batch = dedup.store.batch();
+        applied += for_each_entry(msg.key(), msg.payload(), |key, at| batch.record(&part, key, at));
+        batch.write().map_err(|e| e.to_string())?;
     }
     part.set_changelog_position(next).map_err(|e| e.to_string())?;
     Ok((applied, true))

@@ -14,6 +14,9 @@
 //! key absorbs that repeat.
 
 pub(crate) mod changelog;
+/// The changelog's record formats.
+pub mod entries;
+pub(crate) mod group_commit;
 pub(crate) mod runtime;
 /// The RocksDB store (the `rocksdb` feature, on by default).
 #[cfg(feature = "rocksdb")]
@@ -22,6 +25,8 @@ pub mod store;
 #[cfg(not(feature = "rocksdb"))]
 #[path = "store_unbuilt.rs"]
 pub mod store;
+
+pub use entries::changelog_entries;
 
 use crate::record::Record;
 use std::collections::HashMap;

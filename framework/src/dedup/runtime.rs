@@ -2,6 +2,8 @@
 //! store, the keys in flight, and how far each partition's changelog is applied locally. Writing
 //! and restoring the changelog is [`crate::dedup::changelog`]'s.
 
+use crate::dedup::entries;
+use crate::dedup::group_commit::GroupCommit;
 use crate::dedup::store::DedupStore;
 use crate::dedup::{DedupConfig, InFlightKeys, changelog_topic};
 use crate::record::OutputRecord;
@@ -27,10 +29,12 @@ pub(crate) struct Dedup {
     /// the partition stops: a stale saved position only makes a restore re-apply entries, which is
     /// harmless.
     positions: Mutex<HashMap<(String, i32), (i64, u32)>>,
+    /// At-least-once: the keys waiting for their partition's next changelog batch.
+    pub(crate) group_commit: GroupCommit,
 }
 
-/// Changelog writes between two saves of the changelog position.
-const SAVE_POSITION_EVERY: u32 = 1_000;
+/// Changelog batches written between two saves of the changelog position.
+const SAVE_POSITION_EVERY: u32 = 100;
 
 impl Dedup {
     /// Notes that the changelog of `topic`/`partition` is applied up to `next`; saves it now and
@@ -67,13 +71,24 @@ impl Dedup {
         }
     }
 
-    /// The changelog record of `key`, recorded at `now` for `topic`/`partition`.
-    pub(crate) fn changelog_entry(&self, topic: &str, partition: i32, key: &[u8], now: i64) -> OutputRecord {
-        OutputRecord::to(&self.changelog)
-            .partition(partition)
-            .key(key.to_vec())
-            .value(now.to_be_bytes().to_vec())
-            .header(SOURCE_TOPIC_HEADER, topic.as_bytes().to_vec())
+    /// The changelog records of `keys` (`(key, first seen)` pairs) recorded for `topic`/`partition`:
+    /// batches of them (see [`crate::dedup::entries`]).
+    pub(crate) fn changelog_batches<'k>(
+        &self,
+        topic: &str,
+        partition: i32,
+        keys: impl IntoIterator<Item = (&'k [u8], i64)>,
+    ) -> Vec<OutputRecord> {
+        entries::encode(keys)
+            .into_iter()
+            .map(|value| {
+                OutputRecord::to(&self.changelog)
+                    .partition(partition)
+                    .key(entries::batch_key())
+                    .value(value)
+                    .header(SOURCE_TOPIC_HEADER, topic.as_bytes().to_vec())
+            })
+            .collect()
     }
 
     /// Exactly-once: records the keys of a committed transaction in the local store, in one write;
@@ -105,6 +120,7 @@ impl Dedup {
             changelog_ready: AtomicBool::new(false),
             fallback_warned: AtomicBool::new(false),
             positions: Mutex::default(),
+            group_commit: GroupCommit::default(),
         })
     }
 }

@@ -239,6 +239,7 @@ impl Transactions {
                 Stats::bump(&self.telemetry.stats.commits);
             }
             let now = crate::clock::now_ms();
+            let (first_key, mut last_keyed) = (open.keys.len(), 0);
             for (offset, entry) in entries {
                 let source =
                     |what| Source { topic: h.topic.clone(), partition: h.partition, offset, alone: entry.alone, what };
@@ -258,15 +259,26 @@ impl Transactions {
                     // ... and for its own before anything else joins a batch.
                     self.await_deliveries(&producer);
                 }
-                if let (Some(key), Some(dedup)) = (entry.dedup_key, &self.dedup) {
-                    if dedup.config.changelog {
-                        let out = dedup.changelog_entry(&h.topic, h.partition, &key, now);
-                        if let Err(e) = self.client.send(&producer, &out, source(Produced::Changelog)) {
-                            tracing::warn!(pipeline = %self.name, error = %e, "dedup changelog produce failed");
-                            return Err(self.abort(&producer, &mut open));
-                        }
-                    }
+                if let (Some(key), Some(_)) = (entry.dedup_key, &self.dedup) {
                     open.keys.push(SentKey { handle: h.clone(), key, at: now });
+                    last_keyed = offset;
+                }
+            }
+            // The partition's new keys go to the changelog in batch records, inside the transaction.
+            if let Some(dedup) = self.dedup.as_ref().filter(|d| d.config.changelog && open.keys.len() > first_key) {
+                let keys = open.keys[first_key..].iter().map(|k| (&k.key[..], k.at));
+                let source = || Source {
+                    topic: h.topic.clone(),
+                    partition: h.partition,
+                    offset: last_keyed,
+                    alone: false,
+                    what: Produced::Changelog,
+                };
+                for out in dedup.changelog_batches(&h.topic, h.partition, keys) {
+                    if let Err(e) = self.client.send(&producer, &out, source()) {
+                        tracing::warn!(pipeline = %self.name, error = %e, "dedup changelog produce failed");
+                        return Err(self.abort(&producer, &mut open));
+                    }
                 }
             }
         }
