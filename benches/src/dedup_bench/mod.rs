@@ -18,8 +18,9 @@
 //! - **dedup**: the same with `PipelineConfig::dedup(DedupConfig::new(dir))` (defaults: write-ahead
 //!   log on, no fsync per write, changelog on), a fresh RocksDB directory per run under a temporary
 //!   directory (`--dir` chooses where; its file system is printed). Every new key costs a RocksDB
-//!   lookup and write and an acknowledged produce to the compacted changelog topic
-//!   `<group>.dedup-changelog` before its offset completes; a repeated key skips the processor.
+//!   lookup, and a place in its partition's next batch (one acknowledged produce to the changelog
+//!   topic `<group>.dedup-changelog` and one RocksDB write per batch) before its offset completes;
+//!   a repeated key skips the processor.
 //!
 //! Each run uses a fresh consumer group, so it reads its topic from the beginning, and the clock
 //! runs from spawning [`Pipeline::run`] until `processed + dedup_hits` reaches the record count
@@ -41,7 +42,8 @@
 //! exactly `records / 10` dedup hits, on the 0% workload none.
 //!
 //! # Restore rate
-//! After each dedup run on the 0% workload (so the changelog holds one entry per record), a second
+//! After each dedup run on the 0% workload (so the changelog holds one entry per record, in batch
+//! records), a second
 //! dedup pipeline starts in the **same** group with an **empty** RocksDB directory: its committed
 //! offsets are at the end of the topic, so it processes nothing, but on assignment every partition
 //! restores its keys from the changelog (before processing). Measured from spawning its run until

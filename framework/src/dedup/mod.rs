@@ -4,9 +4,12 @@
 //! The path of a record with dedup on: take its idempotency key ([`DedupConfig::header`], or
 //! [`DedupConfig::key_fn`], or the fallback); wait while another record with the same key is in
 //! flight; if the key is in the store, skip the processor (a dedup hit) and complete the offset;
-//! otherwise run the processor and, once it succeeded, write the key to the store and to the
-//! changelog (awaiting the broker's acknowledgement) before the offset completes. A failed record is
-//! not recorded, so a replay can process it.
+//! otherwise run the processor and, once it succeeded, write the key to the changelog (awaiting the
+//! broker's acknowledgement) and then to the store before the offset completes. The keys of one
+//! partition are written in batches (`group_commit` at-least-once, one per
+//! transaction pump exactly-once): one changelog record ([`entries`]) and one RocksDB write for all
+//! the keys completed while the previous batch was written. A failed record is not recorded, so a
+//! replay can process it.
 //!
 //! The one window left (invariant D2): a crash after the side effect and before the dedup write runs
 //! the effect again on redelivery. [`Context::idempotency_key`](crate::Context::idempotency_key) is

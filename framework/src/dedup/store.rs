@@ -4,7 +4,9 @@
 //! own. Each entry's value is its first-seen time (milliseconds since the epoch, 8 bytes big-endian);
 //! entries older than the TTL are removed by a compaction filter (never by scans on the hot path), and
 //! a lookup also treats an expired entry as absent, so the TTL holds before compaction runs too. A
-//! reserved key per column family remembers how far the partition's changelog was applied.
+//! reserved key per column family remembers how far the partition's changelog was applied. Whole-key
+//! bloom filters (SST files and memtable) answer most lookups of a new key, the common case, without
+//! searching.
 //!
 //! Durability: the write-ahead log is always on. By default a write is not fsynced
 //! ([`DedupConfig::sync_writes`](crate::DedupConfig::sync_writes) = false): it survives the process
@@ -12,7 +14,7 @@
 //! changelog topic rebuilds it. With `sync_writes` every write is fsynced before the record completes.
 
 use rocksdb::compaction_filter::Decision;
-use rocksdb::{ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
+use rocksdb::{BlockBasedOptions, BoundColumnFamily, ColumnFamilyDescriptor, DB, Options, WriteBatch, WriteOptions};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -101,6 +103,14 @@ impl DedupStore {
 
     fn cf_options(ttl_ms: i64) -> Options {
         let mut o = Options::default();
+        // Most lookups miss (a duplicate is the exception): bloom filters on the whole key, in the
+        // SST files and in the memtable, answer a miss without searching either.
+        let mut table = BlockBasedOptions::default();
+        table.set_bloom_filter(10.0, false);
+        table.set_whole_key_filtering(true);
+        o.set_block_based_table_factory(&table);
+        o.set_memtable_prefix_bloom_ratio(0.1);
+        o.set_memtable_whole_key_filtering(true);
         o.set_compaction_filter("millrace-ttl", move |_level: u32, key: &[u8], value: &[u8]| {
             if key != CHANGELOG_POSITION && expired(value, ttl_ms, crate::clock::now_ms()) {
                 Decision::Remove
@@ -132,7 +142,8 @@ impl DedupStore {
                 kept.push(opts);
             }
         }
-        Ok(PartitionStore { store: self, cf: name })
+        let cf = self.db.cf_handle(&name).expect("column family created above");
+        Ok(PartitionStore { store: self, cf })
     }
 
     /// Records written together: one write (one write-ahead-log append, one fsync with
@@ -178,12 +189,12 @@ fn expired(value: &[u8], ttl_ms: i64, now_ms: i64) -> bool {
 /// The dedup entries of one topic-partition.
 pub struct PartitionStore<'a> {
     store: &'a DedupStore,
-    cf: String,
+    cf: std::sync::Arc<BoundColumnFamily<'a>>,
 }
 
 impl PartitionStore<'_> {
-    fn cf(&self) -> std::sync::Arc<rocksdb::BoundColumnFamily<'_>> {
-        self.store.db.cf_handle(&self.cf).expect("column family created by DedupStore::partition")
+    fn cf(&self) -> &std::sync::Arc<BoundColumnFamily<'_>> {
+        &self.cf
     }
 
     /// Whether `key` was processed within the TTL, as of now.
@@ -193,7 +204,7 @@ impl PartitionStore<'_> {
 
     /// Whether `key` was processed within the TTL, as of `now_ms`.
     pub fn seen_at(&self, key: &[u8], now_ms: i64) -> Result<bool, DedupError> {
-        let value = self.store.db.get_pinned_cf(&self.cf(), key).map_err(|e| self.store.err(e))?;
+        let value = self.store.db.get_pinned_cf(self.cf(), key).map_err(|e| self.store.err(e))?;
         Ok(value.is_some_and(|v| !expired(&v, self.store.ttl_ms, now_ms)))
     }
 
@@ -202,13 +213,13 @@ impl PartitionStore<'_> {
     pub fn record(&self, key: &[u8], first_seen_ms: i64) -> Result<(), DedupError> {
         self.store
             .db
-            .put_cf_opt(&self.cf(), key, first_seen_ms.to_be_bytes(), &self.store.write)
+            .put_cf_opt(self.cf(), key, first_seen_ms.to_be_bytes(), &self.store.write)
             .map_err(|e| self.store.err(e))
     }
 
     /// The next changelog offset to apply to this partition (0 when nothing was applied).
     pub fn changelog_position(&self) -> Result<i64, DedupError> {
-        let v = self.store.db.get_pinned_cf(&self.cf(), CHANGELOG_POSITION).map_err(|e| self.store.err(e))?;
+        let v = self.store.db.get_pinned_cf(self.cf(), CHANGELOG_POSITION).map_err(|e| self.store.err(e))?;
         Ok(v.and_then(|v| <[u8; 8]>::try_from(&*v).ok()).map_or(0, i64::from_be_bytes))
     }
 
@@ -219,7 +230,7 @@ impl PartitionStore<'_> {
         }
         self.store
             .db
-            .put_cf_opt(&self.cf(), CHANGELOG_POSITION, next_offset.to_be_bytes(), &self.store.write)
+            .put_cf_opt(self.cf(), CHANGELOG_POSITION, next_offset.to_be_bytes(), &self.store.write)
             .map_err(|e| self.store.err(e))
     }
 }
@@ -233,7 +244,7 @@ pub struct RecordBatch<'a> {
 impl RecordBatch<'_> {
     /// Adds `key` of partition `p`, first seen at `first_seen_ms` (as [`PartitionStore::record`]).
     pub fn record(&mut self, p: &PartitionStore<'_>, key: &[u8], first_seen_ms: i64) {
-        self.batch.put_cf(&p.cf(), key, first_seen_ms.to_be_bytes());
+        self.batch.put_cf(p.cf(), key, first_seen_ms.to_be_bytes());
     }
 
     /// Writes every key added, atomically.
@@ -285,9 +296,9 @@ mod tests {
         assert!(!p.seen(b"old").unwrap(), "older than the TTL reads as absent");
         assert!(p.seen(b"new").unwrap());
         s.compact("t", 0).unwrap();
-        let raw = s.db.get_cf(&p.cf(), b"old").unwrap();
+        let raw = s.db.get_cf(p.cf(), b"old").unwrap();
         assert!(raw.is_none(), "compaction removed the expired entry");
-        assert!(s.db.get_cf(&p.cf(), b"new").unwrap().is_some());
+        assert!(s.db.get_cf(p.cf(), b"new").unwrap().is_some());
         assert_eq!(p.changelog_position().unwrap(), 7, "the changelog position never expires");
         drop(p);
         drop(s);
