@@ -157,6 +157,10 @@ pub struct FilterArgs {
     /// A header (user or millrace.*) equal to a value, as name=value; repeat for several.
     #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_header_condition)]
     pub headers: Vec<(String, String)>,
+    /// Replayed at least N times already (`millrace.replay.count`): with N = an earlier
+    /// `--max-replays`, the records that replay set aside as exhausted.
+    #[arg(long, value_name = "N")]
+    pub min_replays: Option<u32>,
 }
 
 impl FilterArgs {
@@ -171,6 +175,7 @@ impl FilterArgs {
             since_ms: self.since,
             until_ms: self.until,
             headers: self.headers.clone(),
+            min_replays: self.min_replays,
         }
         .normalized()
     }
@@ -220,7 +225,8 @@ pub struct ReplayArgs {
     /// At most N records per second (e.g. 100 or 100/s).
     #[arg(long, value_name = "N/s", value_parser = parse_rate)]
     pub rate: Option<f64>,
-    /// Records already replayed this many times are parked (reported, not produced).
+    /// Records already replayed this many times are exhausted: reported, not produced, committed
+    /// past (replay them after a fix with `--min-replays N --max-replays M`, M > N).
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub max_replays: u32,
     /// Consumer group keeping the replay position [default: millrace-replay.TOPIC, plus .HASH of the

@@ -27,6 +27,9 @@ pub struct Filter {
     pub until_ms: Option<i64>,
     /// Header equalities, all of which must hold: some header called `name` has exactly `value`.
     pub headers: Vec<(String, String)>,
+    /// Smallest replay count (`millrace.replay.count`, 0 when absent), inclusive: with
+    /// `--min-replays` equal to an earlier `--max-replays`, the records that replay set aside.
+    pub min_replays: Option<u32>,
 }
 
 impl Filter {
@@ -75,6 +78,9 @@ impl Filter {
         if !self.headers.iter().all(header_ok) {
             return false;
         }
+        if self.min_replays.is_some_and(|min| millrace::dlq::replay_count(&record.record.headers) < min) {
+            return false;
+        }
         let needs_info = !self.kinds.is_empty()
             || self.original_topic.is_some()
             || self.from_offset.is_some()
@@ -104,6 +110,7 @@ impl Filter {
         lines.extend(self.since_ms.iter().map(|t| format!("since={t}")));
         lines.extend(self.until_ms.iter().map(|t| format!("until={t}")));
         lines.extend(self.headers.iter().map(|(n, v)| format!("header={n}={v}")));
+        lines.extend(self.min_replays.iter().map(|n| format!("min-replays={n}")));
         lines.join("\n")
     }
 
@@ -273,5 +280,20 @@ mod tests {
         // Pinned: a replay group name must not change between versions of the tool.
         assert_eq!(c.canonical(), "kind=panic");
         assert_eq!(c.short_hash(), "0f8bfe25");
+    }
+
+    #[test]
+    fn min_replays_selects_records_replayed_at_least_that_often() {
+        let f = filter(Filter { min_replays: Some(2), ..Filter::default() });
+        let with_count = |n: &str| {
+            let mut r = dlq_record("panic", "orders", 1, 10, "k");
+            r.record.headers.push(headers::REPLAY_COUNT, n);
+            r
+        };
+        assert!(!f.matches(&dlq_record("panic", "orders", 1, 10, "k")), "never replayed: count 0");
+        assert!(!f.matches(&with_count("1")));
+        assert!(f.matches(&with_count("2")) && f.matches(&with_count("5")));
+        assert_eq!(f.canonical(), "min-replays=2");
+        assert!(!f.is_empty());
     }
 }

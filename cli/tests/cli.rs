@@ -239,7 +239,7 @@ async fn replay_produces_originals_once_and_resumes() {
     produce(&[
         dlq(&dlq_topic, &original, 1, 20, "a", &binary, DlqErrorKind::TransientExhausted, 0, 1_000),
         dlq(&dlq_topic, &original, 1, 21, "b", b"second", DlqErrorKind::Permanent, 2, 1_000),
-        dlq(&dlq_topic, &original, 0, 22, "c", b"parked", DlqErrorKind::Panic, 3, 1_000),
+        dlq(&dlq_topic, &original, 0, 22, "c", b"exhausted", DlqErrorKind::Panic, 3, 1_000),
         OutputRecord::to(&dlq_topic).key("plain").value("no headers").header("trace", "t1").partition(0),
     ])
     .await;
@@ -247,15 +247,15 @@ async fn replay_produces_originals_once_and_resumes() {
     // Dry run: reports, produces and commits nothing.
     let dry = ok(&["dlq", "replay", &dlq_topic, "--dry-run", "--format", "json"]);
     let summary = last_json(&dry);
-    assert_eq!((summary["replayed"].as_u64(), summary["parked"].as_u64()), (Some(2), Some(1)));
+    assert_eq!((summary["replayed"].as_u64(), summary["exhausted"].as_u64()), (Some(2), Some(1)));
     assert_eq!(summary["skipped_no_headers"], 1);
     assert_eq!(dry.lines().filter(|l| l.contains("\"would-replay\"")).count(), 2);
     assert!(read_all(&original).is_empty(), "a dry run produces nothing");
 
-    // The replay: two records back to their original partition, one parked, one without headers.
+    // The replay: two records back to their original partition, one exhausted, one without headers.
     let out = ok(&["dlq", "replay", &dlq_topic]);
-    assert_eq!(out.lines().last(), Some("replayed 2, parked 1, skipped-no-headers 1, filtered-out 0"), "{out}");
-    assert!(out.contains("parked") && out.contains("skipped"), "{out}");
+    assert_eq!(out.lines().last(), Some("replayed 2, exhausted 1, skipped-no-headers 1, filtered-out 0"), "{out}");
+    assert!(out.contains("--min-replays 3 --max-replays 6") && out.contains("skipped"), "{out}");
     let replayed = read_all(&original);
     assert_eq!(replayed.len(), 2);
     let a = replayed.iter().find(|r| r.key.as_deref() == Some(b"a")).expect("record a");
@@ -269,7 +269,7 @@ async fn replay_produces_originals_once_and_resumes() {
 
     // Same group: resumes at the end, replays nothing.
     let again = ok(&["dlq", "replay", &dlq_topic]);
-    assert_eq!(again.lines().last(), Some("replayed 0, parked 0, skipped-no-headers 0, filtered-out 0"));
+    assert_eq!(again.lines().last(), Some("replayed 0, exhausted 0, skipped-no-headers 0, filtered-out 0"));
     assert_eq!(read_all(&original).len(), 2);
 
     // A filtered replay has its own group; --to also replays records without headers.
@@ -286,7 +286,11 @@ async fn replay_produces_originals_once_and_resumes() {
     // --max-replays: with a fresh group and a limit of 1, only the never-replayed record goes.
     let group = unique("cli-group");
     let limited = ok(&["dlq", "replay", &dlq_topic, "--group", &group, "--max-replays", "1", "--to", &retry]);
-    assert_eq!(limited.lines().last(), Some("replayed 2, parked 2, skipped-no-headers 0, filtered-out 0"), "{limited}");
+    assert_eq!(
+        limited.lines().last(),
+        Some("replayed 2, exhausted 2, skipped-no-headers 0, filtered-out 0"),
+        "{limited}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -301,7 +305,7 @@ async fn replay_rate_limits() {
     let started = Instant::now();
     let out = ok(&["dlq", "replay", &dlq_topic, "--rate", "20/s"]);
     let took = started.elapsed();
-    assert_eq!(out.lines().last(), Some("replayed 6, parked 0, skipped-no-headers 0, filtered-out 0"));
+    assert_eq!(out.lines().last(), Some("replayed 6, exhausted 0, skipped-no-headers 0, filtered-out 0"));
     assert!(took >= Duration::from_millis(250), "6 records at 20/s take at least 0.25 s, took {took:?}");
     assert_eq!(read_all(&original).len(), 6);
 }

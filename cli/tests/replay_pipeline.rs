@@ -1,7 +1,8 @@
 //! DLQ replay end to end with a real pipeline: a processor rejects records flagged bad, they land in
 //! the DLQ; the processor is "fixed"; `millrace dlq replay` sends them back with their idempotency keys
 //! and they are processed once; a second replay with the same group sends nothing; `--dry-run` produces
-//! nothing; a record that keeps failing is parked by `--max-replays` instead of looping.
+//! nothing; a record that keeps failing is exhausted by `--max-replays` instead of looping, and
+//! `--min-replays` brings it back.
 
 use millrace::{Context, DedupConfig, Pipeline, PipelineConfig, ProcessError, Processor, Record};
 use millrace_integration_tests::{bootstrap, create_topic, end_offsets, eventually, produce_raw, read_topic, unique};
@@ -94,21 +95,32 @@ async fn fix_and_replay_processes_rejected_records_once() -> anyhow::Result<()> 
     assert_eq!(end_offsets(&dlq, 2)?.values().sum::<i64>(), 6, "every dead-lettered record is in the DLQ");
     let before = end_offsets(&topic, 2)?;
     let line = replay(&[&dlq, "--dry-run"]);
-    assert_eq!(line, "replayed 6, parked 0, skipped-no-headers 0, filtered-out 0", "dry run reports");
+    assert_eq!(line, "would replay 6, exhausted 0, skipped-no-headers 0, filtered-out 0", "dry run reports");
     assert_eq!(end_offsets(&topic, 2)?, before, "--dry-run produces nothing");
 
     fixed.store(true, Relaxed); // the fix is deployed
-    assert_eq!(replay(&[&dlq]), "replayed 6, parked 0, skipped-no-headers 0, filtered-out 0");
+    assert_eq!(replay(&[&dlq]), "replayed 6, exhausted 0, skipped-no-headers 0, filtered-out 0");
     // The 5 fixed records are processed; the hopeless one fails again and returns to the DLQ.
     eventually("the replayed records", Duration::from_secs(60), || {
         let s = stats.snapshot();
         Ok((s.processed == 19 && s.dead_lettered == 7).then_some(()))
     })
     .await?;
-    // The hopeless record's second DLQ entry carries replay count 1: parked rather than looped.
-    assert_eq!(replay(&[&dlq, "--max-replays", "1"]), "replayed 0, parked 1, skipped-no-headers 0, filtered-out 0");
+    // The hopeless record's second DLQ entry carries replay count 1: exhausted rather than looped.
+    assert_eq!(replay(&[&dlq, "--max-replays", "1"]), "replayed 0, exhausted 1, skipped-no-headers 0, filtered-out 0");
     // The same group again: everything was handled, nothing is sent twice.
-    assert_eq!(replay(&[&dlq]), "replayed 0, parked 0, skipped-no-headers 0, filtered-out 0", "nothing twice");
+    assert_eq!(replay(&[&dlq]), "replayed 0, exhausted 0, skipped-no-headers 0, filtered-out 0", "nothing twice");
+    // The way back for an exhausted record (after a further fix): replayed at least as often as the
+    // earlier limit, under a higher one. Its own group rescans the DLQ but produces only that record,
+    // not the six earlier copies (replay count 0) that the first replay already sent.
+    let back = replay(&[&dlq, "--min-replays", "1", "--max-replays", "4"]);
+    assert_eq!(back, "replayed 1, exhausted 0, skipped-no-headers 0, filtered-out 6", "only the exhausted copy");
+    eventually("the exhausted record's replay", Duration::from_secs(60), || {
+        let s = stats.snapshot();
+        Ok((s.dead_lettered == 8).then_some(()))
+    })
+    .await?;
+    assert_eq!(stats.snapshot().processed, 19, "still hopeless: back to the DLQ, nothing else ran");
 
     stop.cancel();
     run.await??;

@@ -3,7 +3,7 @@
 //! The replay keeps its position in a consumer group of its own on the DLQ topic, so an interrupted
 //! replay resumes where it stopped. A DLQ offset is committed only when every earlier record of its
 //! partition is finished: produced and acknowledged (idempotent producer, `acks=all`), or not to be
-//! produced (filtered out, parked, without Millrace headers). Commits are synchronous and cover only
+//! produced (filtered out, exhausted, without Millrace headers). Commits are synchronous and cover only
 //! that contiguous prefix, so a crash replays at most the unacknowledged tail again, never skips.
 //!
 //! A replayed record is the original: key, value bytes unchanged, user headers (idempotency keys
@@ -32,8 +32,10 @@ use millrace::record::OutputRecord;
 pub enum Action {
     /// Not selected by the filters: skipped and committed past.
     FilteredOut,
-    /// Already replayed `--max-replays` times: reported, not produced, committed past.
-    Parked {
+    /// Already replayed `--max-replays` times (its replay budget is exhausted): reported, not
+    /// produced, committed past. A replay with `--min-replays` = that limit and a higher
+    /// `--max-replays` (a group of its own) brings such records back.
+    Exhausted {
         /// Its replay count.
         replays: u32,
     },
@@ -53,7 +55,7 @@ pub fn decide(record: &DlqRecord, filter: &Filter, to: Option<&str>, max_replays
     }
     let replays = replay_count(&record.record.headers);
     if replays >= max_replays {
-        return Action::Parked { replays };
+        return Action::Exhausted { replays };
     }
     match (to, &record.info) {
         (Some(to), _) => Action::Replay { topic: to.to_owned() },
@@ -159,8 +161,8 @@ mod tests {
         let none = Filter::default();
         assert_eq!(decide(&dlq_record(None), &none, None, 3), Action::Replay { topic: "orders".into() });
         assert_eq!(decide(&dlq_record(Some("2")), &none, None, 3), Action::Replay { topic: "orders".into() });
-        assert_eq!(decide(&dlq_record(Some("3")), &none, None, 3), Action::Parked { replays: 3 });
-        assert_eq!(decide(&dlq_record(None), &none, None, 0), Action::Parked { replays: 0 });
+        assert_eq!(decide(&dlq_record(Some("3")), &none, None, 3), Action::Exhausted { replays: 3 });
+        assert_eq!(decide(&dlq_record(None), &none, None, 0), Action::Exhausted { replays: 0 });
         assert_eq!(decide(&dlq_record(None), &none, Some("retry"), 3), Action::Replay { topic: "retry".into() });
         assert_eq!(decide(&no_headers_record(), &none, None, 3), Action::SkippedNoHeaders);
         assert_eq!(decide(&no_headers_record(), &none, Some("retry"), 3), Action::Replay { topic: "retry".into() });

@@ -13,8 +13,8 @@ use serde_json::json;
 pub struct Summary {
     /// Records produced and acknowledged (with `--dry-run`: records that would be produced).
     pub replayed: u64,
-    /// Records not produced because they reached `--max-replays`.
-    pub parked: u64,
+    /// Records not produced because they reached `--max-replays` (exhausted).
+    pub exhausted: u64,
     /// Records without Millrace headers, not produced for lack of `--to`.
     pub skipped_no_headers: u64,
     /// Records not selected by the filters.
@@ -31,11 +31,16 @@ pub struct Summary {
 
 impl Summary {
     /// The machine-readable summary line:
-    /// `replayed N, parked N, skipped-no-headers N, filtered-out N`.
+    /// `replayed N, exhausted N, skipped-no-headers N, filtered-out N` (a dry run: `would replay N,
+    /// …`).
     pub fn line(&self) -> String {
         format!(
-            "replayed {}, parked {}, skipped-no-headers {}, filtered-out {}",
-            self.replayed, self.parked, self.skipped_no_headers, self.filtered_out
+            "{} {}, exhausted {}, skipped-no-headers {}, filtered-out {}",
+            if self.dry_run { "would replay" } else { "replayed" },
+            self.replayed,
+            self.exhausted,
+            self.skipped_no_headers,
+            self.filtered_out
         )
     }
 }
@@ -110,7 +115,9 @@ mod tests {
 
     #[test]
     fn summary_line_is_stable() {
-        let s = Summary { replayed: 4, parked: 1, skipped_no_headers: 2, filtered_out: 3, ..Summary::default() };
-        assert_eq!(s.line(), "replayed 4, parked 1, skipped-no-headers 2, filtered-out 3");
+        let s = Summary { replayed: 4, exhausted: 1, skipped_no_headers: 2, filtered_out: 3, ..Summary::default() };
+        assert_eq!(s.line(), "replayed 4, exhausted 1, skipped-no-headers 2, filtered-out 3");
+        let dry = Summary { dry_run: true, ..s };
+        assert_eq!(dry.line(), "would replay 4, exhausted 1, skipped-no-headers 2, filtered-out 3");
     }
 }

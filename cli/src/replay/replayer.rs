@@ -112,10 +112,14 @@ impl Replayer<'_> {
         let mut delivery = None;
         match action {
             Action::FilteredOut => self.summary.filtered_out += 1,
-            Action::Parked { replays } => {
-                self.summary.parked += 1;
-                let detail = format!("parked: replayed {replays} times (--max-replays {})", self.args.max_replays);
-                self.report("parked", &record, &detail, json!({}));
+            Action::Exhausted { replays } => {
+                self.summary.exhausted += 1;
+                let max = self.args.max_replays;
+                let detail = format!(
+                    "exhausted: replayed {replays} times (--max-replays {max}); after a fix: --min-replays {max} --max-replays {}",
+                    max.saturating_add(3)
+                );
+                self.report("exhausted", &record, &detail, json!({}));
             }
             Action::SkippedNoHeaders => {
                 self.summary.skipped_no_headers += 1;
