@@ -1,9 +1,11 @@
-//! `millrace dlq stats`: counts of a DLQ topic's records by error kind, original topic, processor and
-//! group, with the oldest and newest failure.
+//! `millrace dlq stats`: counts of a DLQ topic's records by error kind, original topic, processor,
+//! group and replay count, with the oldest and newest failure, and the replay state: how far each
+//! replay group of the topic got ([`crate::replay::groups`]).
 
 use crate::args::{Format, StatsArgs};
 use crate::filter::Filter;
 use crate::read::{DlqRecord, TopicScan};
+use crate::replay::groups::{self, ReplayGroup};
 use crate::time::format_ms;
 use anyhow::Result;
 use serde::Serialize;
@@ -50,6 +52,10 @@ pub struct DlqStats {
     pub by_processor: BTreeMap<String, u64>,
     /// Counts by consumer group.
     pub by_group: BTreeMap<String, u64>,
+    /// Counts by replay count (`millrace.replay.count`; 0 when absent).
+    pub by_replay_count: BTreeMap<u32, u64>,
+    /// The replay groups of the topic: what each handled and what it would still read.
+    pub replay_groups: Vec<ReplayGroup>,
     /// The failure with the earliest last-failure time.
     pub oldest: Option<FailurePoint>,
     /// The failure with the latest last-failure time.
@@ -65,6 +71,10 @@ impl DlqStats {
             return;
         }
         self.records += 1;
+        *self.by_replay_count.entry(millrace::dlq::replay_count(&record.record.headers)).or_default() += 1;
+        for g in &mut self.replay_groups {
+            g.add(record);
+        }
         let Some(info) = &record.info else {
             self.without_millrace_headers += 1;
             return;
@@ -115,6 +125,25 @@ impl DlqStats {
                 let _ = writeln!(out, "  {name:<width$}  {n:>8}");
             }
         }
+        let _ = writeln!(out, "\nby replay count:");
+        for (n, count) in &self.by_replay_count {
+            let _ = writeln!(out, "  {n:<8}  {count:>8}");
+        }
+        let _ = writeln!(out, "\nreplay groups (committed past: replayed, exhausted, filtered out or skipped by it):");
+        if self.replay_groups.is_empty() {
+            let _ = writeln!(out, "  (none)");
+        }
+        for g in &self.replay_groups {
+            let counts: Vec<String> =
+                g.outstanding_by_replay_count.iter().map(|(n, c)| format!("{c} at {n}")).collect();
+            let by_count =
+                if counts.is_empty() { String::new() } else { format!(" (by replay count: {})", counts.join(", ")) };
+            let _ = writeln!(
+                out,
+                "  {}  committed past {}, outstanding {}{by_count}",
+                g.group, g.committed_past, g.outstanding
+            );
+        }
         let _ = writeln!(out);
         for (title, point) in [("oldest failure", &self.oldest), ("newest failure", &self.newest)] {
             match point {
@@ -143,7 +172,8 @@ impl DlqStats {
 pub async fn run(bootstrap: &str, args: &StatsArgs) -> Result<()> {
     let filter = args.filter.to_filter()?;
     let mut scan = TopicScan::open(bootstrap, &args.topic, None)?;
-    let mut stats = DlqStats { topic: args.topic.clone(), ..DlqStats::default() };
+    let replay_groups = groups::find(bootstrap, &args.topic)?;
+    let mut stats = DlqStats { topic: args.topic.clone(), replay_groups, ..DlqStats::default() };
     while let Some(record) = scan.next().await? {
         stats.add(&record, &filter);
     }
@@ -199,6 +229,25 @@ mod tests {
         assert_eq!((oldest.failed_at_ms, oldest.original_offset, oldest.dlq_offset), (100, 101, 1));
         assert_eq!(stats.newest.as_ref().unwrap().dlq_offset, 2);
         assert!(stats.to_table().contains("panic"));
+    }
+
+    #[test]
+    fn replay_state_per_group() {
+        let group = ReplayGroup {
+            group: "millrace-replay.orders.dlq".into(),
+            committed: BTreeMap::from([(0, 1)]),
+            ..ReplayGroup::default()
+        };
+        let mut stats = DlqStats { replay_groups: vec![group], ..DlqStats::default() };
+        let f = Filter::default();
+        stats.add(&record(0, Some("panic"), 500), &f);
+        stats.add(&record(1, Some("panic"), 600), &f);
+        assert_eq!(stats.by_replay_count, BTreeMap::from([(0, 2)]));
+        let table = stats.to_table();
+        assert!(
+            table.contains("millrace-replay.orders.dlq  committed past 1, outstanding 1 (by replay count: 1 at 0)"),
+            "{table}"
+        );
     }
 
     #[test]

@@ -267,6 +267,14 @@ async fn replay_produces_originals_once_and_resumes() {
     let b = replayed.iter().find(|r| r.key.as_deref() == Some(b"b")).expect("record b");
     assert_eq!(b.headers.get(headers::REPLAY_COUNT), Some(&b"3"[..]));
 
+    // The replay state: the default group handled all four records; by replay count 0, 0, 2, 3.
+    let stats: Value = serde_json::from_str(&ok(&["dlq", "stats", &dlq_topic, "--format", "json"])).expect("JSON");
+    assert_eq!(stats["by_replay_count"], serde_json::json!({"0": 2, "2": 1, "3": 1}), "{stats}");
+    let groups = stats["replay_groups"].as_array().expect("replay groups");
+    assert_eq!(groups.len(), 1, "{stats}");
+    assert_eq!(groups[0]["group"], format!("millrace-replay.{dlq_topic}"));
+    assert_eq!((groups[0]["committed_past"].as_u64(), groups[0]["outstanding"].as_u64()), (Some(4), Some(0)));
+
     // Same group: resumes at the end, replays nothing.
     let again = ok(&["dlq", "replay", &dlq_topic]);
     assert_eq!(again.lines().last(), Some("replayed 0, exhausted 0, skipped-no-headers 0, filtered-out 0"));

@@ -16,6 +16,7 @@
 //! This module decides what happens to each record ([`decide`]) and builds what is produced
 //! ([`replay_output`]); `replayer` drives the scan, the produces and the commits; `output` reports.
 
+pub mod groups;
 mod output;
 mod replayer;
 
