@@ -334,6 +334,18 @@ pub enum Error {
         /// The error librdkafka reported.
         source: Box<rdkafka::error::KafkaError>,
     },
+    /// [`create_topics`](crate::create_topics) could not create or reach a topic (the brokers are
+    /// away, the partition count is invalid, ...); a refusal by the ACLs is
+    /// [`NotAuthorized`](Self::NotAuthorized).
+    #[error("creating topic {topic} at {bootstrap} (is the broker up?): {reason}")]
+    TopicCreation {
+        /// The topic.
+        topic: String,
+        /// The bootstrap list used.
+        bootstrap: String,
+        /// What failed.
+        reason: String,
+    },
     /// An input topic does not exist (never created, or deleted while the pipeline ran) and
     /// [`fail_on_missing_topic`](crate::PipelineConfig::fail_on_missing_topic) is set.
     #[error("input topic {topic} does not exist")]

@@ -10,7 +10,7 @@
 //! project's in-process registry double (no real registry installs here: docs/schema-registry.md).
 //! `scripts/demo avro-orders` runs it. See README.md.
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::Result;
 use clap::Parser;
 use millrace::codec::Encode;
 use millrace::codec::avro::Avro;
@@ -18,10 +18,7 @@ use millrace::codec::schema_registry::{SchemaRegistry, SchemaRegistryConfig};
 use millrace::typed::{EmitEncoded, Typed, TypedProcessor};
 use millrace::{Context, Pipeline, PipelineConfig, ProcessError, Record};
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::types::RDKafkaErrorCode;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -96,19 +93,6 @@ impl TypedProcessor for Billing {
     }
 }
 
-async fn ensure_topics(bootstrap: &str, topics: &[&str]) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
-    let new: Vec<NewTopic> = topics.iter().map(|t| NewTopic::new(t, 4, TopicReplication::Fixed(1))).collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for result in admin.create_topics(&new, &opts).await.context("creating topics (is the broker up?)")? {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => bail!("creating topic {t}: {e}"),
-        }
-    }
-    Ok(())
-}
-
 /// Half the orders as version 1 of the order service wrote them, half as version 2 (with a coupon
 /// on every other one), then one record that is not Avro.
 async fn produce(bootstrap: &str, registry: &SchemaRegistry, args: &Args) -> Result<()> {
@@ -159,7 +143,9 @@ async fn main() -> Result<()> {
     println!("brokers: {bootstrap}");
     println!("schema registry: {url}{}", if _double.is_some() { " (the in-process double)" } else { "" });
     let registry = SchemaRegistry::new(SchemaRegistryConfig::new(url))?;
-    ensure_topics(&bootstrap, &[&args.topic, &args.payments_topic]).await?;
+    let config =
+        PipelineConfig::new(&bootstrap, &args.group, [&args.topic]).commit_interval(Duration::from_millis(100));
+    millrace::create_topics(&config, &[&args.topic, &args.payments_topic], 4).await?;
     produce(&bootstrap, &registry, &args).await?;
 
     let with_coupon = Arc::new(AtomicU64::new(0));
@@ -169,8 +155,6 @@ async fn main() -> Result<()> {
         payments_topic: args.payments_topic.clone(),
         with_coupon: with_coupon.clone(),
     };
-    let config =
-        PipelineConfig::new(&bootstrap, &args.group, [&args.topic]).commit_interval(Duration::from_millis(100));
     let pipeline = Pipeline::new(config, Typed::new(billing, orders))?;
     let (stats, stop) = (pipeline.stats(), pipeline.shutdown_token());
     millrace::shutdown::on_signals(stop.clone());

@@ -11,16 +11,13 @@
 
 mod ledger;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use clap::Parser;
 use ledger::{Charge, Provider};
 use millrace::{Context, Pipeline, PipelineConfig, ProcessError, Processor, Record};
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::types::RDKafkaErrorCode;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -79,19 +76,6 @@ impl Processor for Billing {
     }
 }
 
-async fn ensure_topics(bootstrap: &str, topics: &[String]) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
-    let new: Vec<NewTopic> = topics.iter().map(|t| NewTopic::new(t, 4, TopicReplication::Fixed(1))).collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for result in admin.create_topics(&new, &opts).await.context("creating topics (is the broker up?)")? {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => bail!("creating topic {t}: {e}"),
-        }
-    }
-    Ok(())
-}
-
 /// Produces `n` orders keyed by customer, each with an `idempotency-key` header (its order id), then
 /// `resubmit` of them again, as an order service retrying a submit does. Returns how many it wrote.
 async fn produce_orders(bootstrap: &str, topic: &str, n: u64, resubmit: u64) -> Result<u64> {
@@ -126,7 +110,8 @@ async fn main() -> Result<()> {
     let dedup_dir = config.dedup.as_ref().map(|d| d.dir.display().to_string()).unwrap_or_else(|| "off".into());
     println!("brokers: {}", config.bootstrap_servers);
     println!("config: {} (group `{}`, dedup store at {dedup_dir})", args.config.display(), config.group_id);
-    ensure_topics(&config.bootstrap_servers, &config.topics).await?;
+    let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
+    millrace::create_topics(&config, &topics, 4).await?;
 
     let mut expected = None;
     if args.produce > 0 {

@@ -161,7 +161,8 @@ async fn main() -> Result<()> {
         .init();
     let args = Args::parse();
     let bootstrap = PipelineConfig::bootstrap_from_env();
-    topics::ensure(&bootstrap, &[&args.topic, &args.labels_topic]).await?;
+    let config = PipelineConfig::new(&bootstrap, &args.group, [&args.topic]);
+    millrace::create_topics(&config, &[&args.topic, &args.labels_topic], 4).await?;
     match &args.command {
         Command::Produce { orders } => produce(&bootstrap, &args.topic, *orders).await,
         Command::Run { also } => run(&bootstrap, &args, also).await,

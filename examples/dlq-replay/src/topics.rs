@@ -1,28 +1,12 @@
-//! Topic plumbing of the example: creating its topics, reading one to its end, and the group's
-//! progress (committed offsets against end offsets).
+//! Topic plumbing of the example: reading a topic to its end, and the group's progress (committed
+//! offsets against end offsets).
 
-use anyhow::{Context as _, Result, bail};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::{ClientContext, DefaultClientContext};
+use anyhow::{Result, bail};
+use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
-use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use std::time::{Duration, Instant};
-
-/// Creates the topics that are missing (4 partitions each).
-pub async fn ensure(bootstrap: &str, topics: &[&str]) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
-    let new: Vec<NewTopic> = topics.iter().map(|t| NewTopic::new(t, 4, TopicReplication::Fixed(1))).collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for result in admin.create_topics(&new, &opts).await.context("creating topics (is the broker up?)")? {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => bail!("creating topic {t}: {e}"),
-        }
-    }
-    Ok(())
-}
 
 /// librdkafka's default context logs each partition's end as an error; here it ends a read.
 struct EndIsNoError;

@@ -11,14 +11,11 @@
 
 mod verify;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Result, bail};
 use clap::Parser;
 use millrace::{Context, OutputRecord, Pipeline, PipelineConfig, ProcessError, Processor, Record};
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::types::RDKafkaErrorCode;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -107,19 +104,6 @@ impl Processor for Enricher {
     }
 }
 
-async fn ensure_topics(bootstrap: &str, topics: &[&str]) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
-    let new: Vec<NewTopic> = topics.iter().map(|t| NewTopic::new(t, 4, TopicReplication::Fixed(1))).collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for result in admin.create_topics(&new, &opts).await.context("creating topics (is the broker up?)")? {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => bail!("creating topic {t}: {e}"),
-        }
-    }
-    Ok(())
-}
-
 /// Produces `n` orders whose ids start with `run`, keyed by customer.
 async fn produce_orders(bootstrap: &str, topic: &str, run: &str, n: u64) -> Result<()> {
     let producer: FutureProducer =
@@ -153,7 +137,7 @@ async fn main() -> Result<()> {
     println!("config: {} (group `{}`, exactly-once)", args.config.display(), config.group_id);
     let mut topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
     topics.push(&args.output_topic);
-    ensure_topics(&bootstrap, &topics).await?;
+    millrace::create_topics(&config, &topics, 4).await?;
 
     let run = match &args.run_id {
         Some(run) => run.clone(),

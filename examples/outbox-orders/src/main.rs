@@ -16,9 +16,6 @@ use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use millrace::{Context, DedupConfig, Pipeline, PipelineConfig, ProcessError, Processor, Record};
 use millrace_outbox::{Relay, RelayConfig, schema};
-use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -107,19 +104,6 @@ async fn place_and_pay(db: &mut Client, run: &str, n: u64, topic: &str) -> Resul
     Ok(true)
 }
 
-async fn ensure_topic(bootstrap: &str, topic: &str) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let results = admin.create_topics(&[NewTopic::new(topic, 4, TopicReplication::Fixed(1))], &opts).await?;
-    for result in results {
-        match result {
-            Ok(_) | Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => bail!("creating topic {t}: {e}"),
-        }
-    }
-    Ok(())
-}
-
 #[tokio::main]
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
@@ -137,7 +121,9 @@ async fn main() -> Result<()> {
     let mut relay_config = RelayConfig::new(args.postgres.clone(), args.bootstrap.clone());
     relay_config.table = "orders_outbox".into();
     schema::install(&relay_config).await?;
-    ensure_topic(&args.bootstrap, &args.topic).await?;
+    let config = PipelineConfig::new(&args.bootstrap, "outbox-orders-shipping", [args.topic.as_str()])
+        .dedup(DedupConfig::new(&args.dedup_dir));
+    millrace::create_topics(&config, &[&args.topic], 4).await?;
 
     let stop = tokio_util::sync::CancellationToken::new();
     let relay = Relay::new(relay_config)?;
@@ -145,8 +131,6 @@ async fn main() -> Result<()> {
     let relay_run = tokio::spawn(relay.run(stop.clone()));
 
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let config = PipelineConfig::new(&args.bootstrap, "outbox-orders-shipping", [args.topic.as_str()])
-        .dedup(DedupConfig::new(&args.dedup_dir));
     let pipeline = Pipeline::new(config, Shipping(seen.clone()))?;
     let consumer_stop = pipeline.shutdown_token();
     let consumer = tokio::spawn(pipeline.run());

@@ -23,14 +23,11 @@
 //! committed offsets of `quickstart-billing` on `orders`: {0: 2508, 1: 2467, 2: 2513, 3: 2512}
 //! ```
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::Result;
 use clap::Parser;
 use millrace::{Context, OutputRecord, Pipeline, PipelineConfig, ProcessError, Processor, Record};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -114,19 +111,6 @@ impl Processor for Billing {
     }
 }
 
-async fn ensure_topics(bootstrap: &str, topics: &[&str]) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
-    let new: Vec<NewTopic> = topics.iter().map(|t| NewTopic::new(t, 4, TopicReplication::Fixed(1))).collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for result in admin.create_topics(&new, &opts).await.context("creating topics (is the broker up?)")? {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => bail!("creating topic {t}: {e}"),
-        }
-    }
-    Ok(())
-}
-
 async fn produce_orders(bootstrap: &str, args: &Args) -> Result<()> {
     let producer: FutureProducer =
         ClientConfig::new().set("bootstrap.servers", bootstrap).set("linger.ms", "10").create()?;
@@ -178,7 +162,8 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     let bootstrap = PipelineConfig::bootstrap_from_env();
     println!("brokers: {bootstrap}");
-    ensure_topics(&bootstrap, &[&args.orders_topic, &args.payments_topic]).await?;
+    let config = PipelineConfig::new(&bootstrap, &args.group, [&args.orders_topic]);
+    millrace::create_topics(&config, &[&args.orders_topic, &args.payments_topic], 4).await?;
 
     let started = Instant::now();
     produce_orders(&bootstrap, &args).await?;
@@ -192,7 +177,6 @@ async fn main() -> Result<()> {
         out_of_order: out_of_order.clone(),
         processed: tx,
     };
-    let config = PipelineConfig::new(&bootstrap, &args.group, [&args.orders_topic]);
     let pipeline = Pipeline::new(config, billing)?;
     let stop = pipeline.shutdown_token();
     millrace::shutdown::on_signals(stop.clone());

@@ -77,6 +77,17 @@ pub(crate) async fn ensure(
         move |admin| partition_count(admin, &sized_like)
     })
     .await?;
+    create(admin, name, partitions, configs).await
+}
+
+/// Creates `name` unless it exists, with `partitions` partitions (replication: the broker's
+/// default) and `configs`; then waits until each partition answers. Errors as [`ensure`]'s.
+pub(crate) async fn create(
+    admin: &Arc<AdminClient<DefaultClientContext>>,
+    name: &str,
+    partitions: i32,
+    configs: &[(&str, &str)],
+) -> Result<(), EnsureError> {
     let mut new = NewTopic::new(name, partitions, TopicReplication::Fixed(-1));
     for (k, v) in configs {
         new = new.set(k, v);
