@@ -133,7 +133,7 @@ pub enum Format {
 #[derive(Debug, Clone, Default, Args)]
 #[command(next_help_heading = "Filters")]
 pub struct FilterArgs {
-    /// Error kind (transient-exhausted, permanent, decode, panic, timeout); repeat for any of several.
+    /// Error kind (transient-exhausted, permanent, decode, panic, timeout, parked); repeat for any of several.
     #[arg(long = "kind", value_name = "KIND", value_parser = parse_kind)]
     pub kinds: Vec<DlqErrorKind>,
     /// Original topic the record was consumed from.

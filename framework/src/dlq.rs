@@ -27,7 +27,8 @@ pub mod headers {
     pub const GROUP: &str = "millrace.group";
     /// Name of the processor that failed ([`Processor::name`](crate::Processor::name)).
     pub const PROCESSOR: &str = "millrace.processor";
-    /// Why: `transient-exhausted`, `permanent`, `decode` or `panic` (see [`DlqErrorKind`](super::DlqErrorKind)).
+    /// Why: `transient-exhausted`, `permanent`, `decode`, `panic`, `timeout` or `parked` (see
+    /// [`DlqErrorKind`](super::DlqErrorKind)).
     pub const ERROR_KIND: &str = "millrace.error.kind";
     /// The last error's message, truncated to [`MAX_ERROR_MESSAGE`](super::MAX_ERROR_MESSAGE) bytes.
     pub const ERROR_MESSAGE: &str = "millrace.error.message";
@@ -42,6 +43,64 @@ pub mod headers {
     /// On a `decode` failure whose value starts with a Confluent wire-format header (magic byte 0,
     /// then 4 bytes), the schema id in it (decimal); absent otherwise.
     pub const SCHEMA_ID: &str = "millrace.schema.id";
+    /// On a `parked` record (key parking, [`DlqConfig::park_keys`](crate::DlqConfig::park_keys)):
+    /// the record its key is parked behind, as `topic/partition/offset`
+    /// ([`Coordinates`](super::Coordinates)). On a release marker: the parking it releases.
+    pub const PARKED_BY: &str = "millrace.parked.by";
+    /// On a record replayed by `millrace dlq replay`: where the DLQ copy it came from had been
+    /// consumed, as `topic/partition/offset`. A parked key is released when the replay of its
+    /// blocking record is processed.
+    pub const REPLAY_OF: &str = "millrace.replay.of";
+    /// On a control record of Millrace's own (never given to a processor): `release`, produced by
+    /// `millrace dlq release` to release a parked key in order with the partition's records.
+    pub const CONTROL: &str = "millrace.control";
+}
+
+/// Where a record was consumed from: written `topic/partition/offset` in the headers
+/// [`headers::PARKED_BY`] and [`headers::REPLAY_OF`].
+///
+/// ```
+/// use millrace::dlq::Coordinates;
+/// let c: Coordinates = "orders/3/42".parse().unwrap();
+/// assert_eq!((c.topic.as_str(), c.partition, c.offset), ("orders", 3, 42));
+/// assert_eq!(c.to_string(), "orders/3/42");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Coordinates {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+}
+
+impl fmt::Display for Coordinates {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.topic, self.partition, self.offset)
+    }
+}
+
+impl FromStr for Coordinates {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?} is not topic/partition/offset");
+        let (rest, offset) = s.rsplit_once('/').ok_or_else(bad)?;
+        let (topic, partition) = rest.rsplit_once('/').ok_or_else(bad)?;
+        Ok(Coordinates {
+            topic: topic.to_owned(),
+            partition: partition.parse().map_err(|_| bad())?,
+            offset: offset.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+impl Coordinates {
+    /// The coordinates a header holds, if it is there and well formed.
+    pub fn from_header(h: &Headers, name: &str) -> Option<Self> {
+        h.get(name).and_then(|v| std::str::from_utf8(v).ok()).and_then(|v| v.parse().ok())
+    }
 }
 
 /// Longest error message kept in [`headers::ERROR_MESSAGE`], in bytes.
@@ -61,6 +120,10 @@ pub enum DlqErrorKind {
     /// The last attempt ran past [`attempt_timeout`](crate::PipelineConfig::attempt_timeout) and was
     /// cancelled (a timeout is a transient failure: this is the kind once the retries are used up).
     Timeout,
+    /// Not run: its key was parked behind an earlier record of the key that failed for good (key
+    /// parking, [`DlqConfig::park_keys`](crate::DlqConfig::park_keys)); the blocking record is named
+    /// in [`headers::PARKED_BY`].
+    Parked,
 }
 
 impl DlqErrorKind {
@@ -72,6 +135,7 @@ impl DlqErrorKind {
             DlqErrorKind::Decode => "decode",
             DlqErrorKind::Panic => "panic",
             DlqErrorKind::Timeout => "timeout",
+            DlqErrorKind::Parked => "parked",
         }
     }
 }
@@ -92,9 +156,10 @@ impl FromStr for DlqErrorKind {
             "decode" => Ok(DlqErrorKind::Decode),
             "panic" => Ok(DlqErrorKind::Panic),
             "timeout" => Ok(DlqErrorKind::Timeout),
-            other => {
-                Err(format!("unknown error kind {other:?} (transient-exhausted, permanent, decode, panic, timeout)"))
-            }
+            "parked" => Ok(DlqErrorKind::Parked),
+            other => Err(format!(
+                "unknown error kind {other:?} (transient-exhausted, permanent, decode, panic, timeout, parked)"
+            )),
         }
     }
 }

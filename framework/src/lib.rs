@@ -91,6 +91,7 @@ pub mod guarantees {
 }
 mod kafka;
 mod layer;
+pub mod park;
 mod partition;
 pub mod pipeline;
 mod poll;

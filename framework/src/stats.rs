@@ -12,6 +12,10 @@ pub struct Stats {
     pub(crate) processed: AtomicU64,
     pub(crate) failed: AtomicU64,
     pub(crate) dead_lettered: AtomicU64,
+    pub(crate) parked: AtomicU64,
+    pub(crate) keys_parked: AtomicU64,
+    pub(crate) keys_released: AtomicU64,
+    pub(crate) park_overflows: AtomicU64,
     pub(crate) dedup_hits: AtomicU64,
     pub(crate) dedup_misses: AtomicU64,
     pub(crate) dedup_restored: AtomicU64,
@@ -72,6 +76,14 @@ pub struct StatsSnapshot {
     pub failed: u64,
     /// Records written to the DLQ (their offsets then complete).
     pub dead_lettered: u64,
+    /// Of those, records not run because their key was parked (key parking).
+    pub parked: u64,
+    /// Keys parked: a record failed for good and its key's later records are held behind it.
+    pub keys_parked: u64,
+    /// Parked keys released (the replay of the blocking record processed, or a release marker).
+    pub keys_released: u64,
+    /// Keys not parked on failure because their partition held `dlq.max_parked_keys` already.
+    pub park_overflows: u64,
     /// Records skipped because their idempotency key was already processed.
     pub dedup_hits: u64,
     /// Records whose idempotency key was looked up and not found (so they were processed).
@@ -171,6 +183,10 @@ impl Stats {
             processed: self.processed.load(Relaxed),
             failed: self.failed.load(Relaxed),
             dead_lettered: self.dead_lettered.load(Relaxed),
+            parked: self.parked.load(Relaxed),
+            keys_parked: self.keys_parked.load(Relaxed),
+            keys_released: self.keys_released.load(Relaxed),
+            park_overflows: self.park_overflows.load(Relaxed),
             dedup_hits: self.dedup_hits.load(Relaxed),
             dedup_misses: self.dedup_misses.load(Relaxed),
             producer_queue: self.producer_queue.load(Relaxed),

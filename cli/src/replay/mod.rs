@@ -7,11 +7,13 @@
 //! that contiguous prefix, so a crash replays at most the unacknowledged tail again, never skips.
 //!
 //! A replayed record is the original: key, value bytes unchanged, user headers (idempotency keys
-//! survive), plus `millrace.replay.count` = previous count + 1; the other `millrace.*` headers are
-//! dropped. Sent back to its original topic it goes to its original partition while that still
+//! survive), plus `millrace.replay.count` = previous count + 1 and `millrace.replay.of` = where it
+//! had been consumed (`topic/partition/offset`); the other `millrace.*` headers are dropped. Sent back to its original topic it goes to its original partition while that still
 //! exists, whatever partitioner first placed it, so the replayed records of a key keep their
-//! offset order among themselves. They land behind the key's records that ran since: per-key order
-//! across a dead-lettered record is not kept (docs/guarantees.md, "Per-key order and the DLQ").
+//! offset order among themselves. Without key parking they land behind the key's records that ran
+//! since: per-key order across a dead-lettered record is not kept; with it, the key's later records
+//! were parked behind the failed one, so its replay runs first and releases the key, and theirs follow
+//! in order (docs/guarantees.md, "Per-key order and the DLQ").
 //!
 //! This module decides what happens to each record ([`decide`]) and builds what is produced
 //! ([`replay_output`]); `replayer` drives the scan, the produces and the commits; `output` reports.
@@ -25,7 +27,7 @@ pub use replayer::run;
 
 use crate::filter::Filter;
 use crate::read::DlqRecord;
-use millrace::dlq::{headers, replay_count, user_headers};
+use millrace::dlq::{Coordinates, headers, replay_count, user_headers};
 use millrace::record::OutputRecord;
 
 /// What to do with one DLQ record.
@@ -66,7 +68,9 @@ pub fn decide(record: &DlqRecord, filter: &Filter, to: Option<&str>, max_replays
 }
 
 /// The record to produce for a replay: original key, value bytes and user headers, plus
-/// `millrace.replay.count` one higher than the DLQ record's; no other `millrace.*` header.
+/// `millrace.replay.count` one higher than the DLQ record's and `millrace.replay.of` naming where
+/// the record had been consumed (a parked key is released when its blocking record's replay is
+/// processed); no other `millrace.*` header.
 pub fn replay_output(record: &DlqRecord, topic: &str, partition: Option<i32>) -> OutputRecord {
     let mut out = OutputRecord::to(topic);
     out.partition = partition;
@@ -74,6 +78,14 @@ pub fn replay_output(record: &DlqRecord, topic: &str, partition: Option<i32>) ->
     out.value = record.record.value.clone();
     out.headers = user_headers(&record.record.headers);
     out.headers.push(headers::REPLAY_COUNT, replay_count(&record.record.headers).saturating_add(1).to_string());
+    if let Some(info) = &record.info {
+        let of = Coordinates {
+            topic: info.original_topic.clone(),
+            partition: info.original_partition,
+            offset: info.original_offset,
+        };
+        out.headers.push(headers::REPLAY_OF, of.to_string());
+    }
     out
 }
 
@@ -143,9 +155,10 @@ mod tests {
         let names: Vec<&str> = out.headers.iter().map(|h| h.name.as_str()).collect();
         assert_eq!(
             names,
-            ["idempotency-key", "null-header", headers::REPLAY_COUNT],
-            "user headers in order, then the count"
+            ["idempotency-key", "null-header", headers::REPLAY_COUNT, headers::REPLAY_OF],
+            "user headers in order, then the count and where the record had been consumed"
         );
+        assert_eq!(out.headers.get(headers::REPLAY_OF), Some(&b"orders/3/42"[..]));
         assert_eq!(out.headers.0[1].value, None, "null headers stay null");
         assert_eq!(out.headers.get(headers::REPLAY_COUNT), Some(&b"2"[..]));
         assert_eq!(

@@ -367,6 +367,20 @@ impl PipelineConfig {
                 }
             }
         }
+        if self.dlq.park_keys {
+            if !self.dlq.enabled {
+                return Err(ConfigError::new(
+                    "dlq.park_keys",
+                    "needs the DLQ on (dlq.enabled): parked records go there",
+                ));
+            }
+            if self.ordering == ProcessingOrder::Unordered {
+                return Err(ConfigError::new("dlq.park_keys", "needs per-key order (ordering key or partition)"));
+            }
+            if self.dlq.max_parked_keys == 0 {
+                return Err(ConfigError::new("dlq.max_parked_keys", "must be at least 1"));
+            }
+        }
         if let Some(d) = &self.dedup {
             let retry_window: Duration =
                 (1..self.retry.max_attempts.max(1)).map(|a| self.retry.ceiling(a)).sum::<Duration>();

@@ -56,11 +56,33 @@ pub struct DlqConfig {
     /// Create a missing DLQ topic (with the source topic's partition count) on first use. When off,
     /// a missing DLQ topic holds the failed record uncommitted until the topic exists.
     pub create_topics: bool,
+    /// Park a key on failure (off by default): when a record of key K fails for good, K's later
+    /// records in its partition are not run but dead-lettered behind it, in offset order, with kind
+    /// `parked` and the header `millrace.parked.by` naming the blocking record, until the key is
+    /// released: by `millrace dlq replay` once the replay of the blocking record is processed, or by
+    /// `millrace dlq release`. Every other key keeps flowing and offsets keep committing. The parked
+    /// keys are kept in the compacted topic `<group>.parked-keys` and restored before a partition's
+    /// first record. Off by default because a parked key stops taking effect until an operator
+    /// acts: right for a key's events that depend on each other (a refund after its capture), wrong
+    /// for independent ones, which would wait behind an unrelated failure. Records without a key
+    /// are never parked (nothing orders them by key). Needs the DLQ on and an `ordering` other than
+    /// `unordered`. See docs/guarantees.md, "Per-key order and the DLQ".
+    pub park_keys: bool,
+    /// Parked keys one partition may hold (default 10,000). At the bound a key that fails for good is
+    /// dead-lettered without being parked (its later records run, as with parking off), logged at
+    /// warn level and counted in [`StatsSnapshot::park_overflows`](crate::StatsSnapshot::park_overflows).
+    pub max_parked_keys: usize,
 }
 
 impl Default for DlqConfig {
     fn default() -> Self {
-        Self { enabled: true, topic: "{topic}.dlq".into(), create_topics: true }
+        Self {
+            enabled: true,
+            topic: "{topic}.dlq".into(),
+            create_topics: true,
+            park_keys: false,
+            max_parked_keys: 10_000,
+        }
     }
 }
 

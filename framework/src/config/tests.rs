@@ -21,6 +21,12 @@ fn names_the_field_at_fault() {
         (ok().commit_every_records(0), "commit_every_records"),
         (ok().dlq(DlqConfig { topic: "{topic} dead".into(), ..DlqConfig::default() }), "dlq.topic"),
         (ok().dlq(DlqConfig { topic: "t".into(), ..DlqConfig::default() }), "dlq.topic"),
+        (ok().dlq(DlqConfig { park_keys: true, enabled: false, ..DlqConfig::default() }), "dlq.park_keys"),
+        (
+            ok().dlq(DlqConfig { park_keys: true, ..DlqConfig::default() }).ordering(ProcessingOrder::Unordered),
+            "dlq.park_keys",
+        ),
+        (ok().dlq(DlqConfig { park_keys: true, max_parked_keys: 0, ..DlqConfig::default() }), "dlq.max_parked_keys"),
         (
             ok().circuit_breaker(CircuitBreakerConfig { max_dlq_share: 1.5, ..CircuitBreakerConfig::default() }),
             "circuit_breaker.max_dlq_share",

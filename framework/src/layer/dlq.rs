@@ -8,7 +8,7 @@
 //! count. In exactly-once mode the DLQ record is not produced here but returned, to be produced in
 //! the transaction that commits the record's offset.
 
-use crate::dlq::{self, Failure};
+use crate::dlq::{self, Coordinates, Failure};
 use crate::kafka::produce::produce;
 use crate::kafka::topic;
 use crate::layer::Outcome;
@@ -28,8 +28,19 @@ pub(crate) async fn failed<P: Processor>(
     failure: Failure,
     cancel: &CancellationToken,
 ) -> Outcome {
+    failed_behind(shared, record, failure, None, cancel).await
+}
+
+/// [`failed`], for a record parked behind `parked_by` (named in its DLQ headers) when given.
+pub(crate) async fn failed_behind<P: Processor>(
+    shared: &Arc<Shared<P>>,
+    record: &Record,
+    failure: Failure,
+    parked_by: Option<&Coordinates>,
+    cancel: &CancellationToken,
+) -> Outcome {
     match shared.config.dlq.enabled {
-        true => dead_letter(shared, record, &failure, cancel).await,
+        true => dead_letter(shared, record, &failure, parked_by, cancel).await,
         false => Outcome::Failed(failure),
     }
 }
@@ -40,10 +51,14 @@ async fn dead_letter<P: Processor>(
     shared: &Arc<Shared<P>>,
     record: &Record,
     failure: &Failure,
+    parked_by: Option<&Coordinates>,
     cancel: &CancellationToken,
 ) -> Outcome {
     let topic = shared.config.dlq_topic(&record.topic);
-    let out = dlq::dead_letter(record, &topic, &shared.config.group_id, shared.processor.name(), failure);
+    let mut out = dlq::dead_letter(record, &topic, &shared.config.group_id, shared.processor.name(), failure);
+    if let Some(by) = parked_by {
+        out.headers.push(dlq::headers::PARKED_BY, by.to_string());
+    }
     let transactional = shared.handles.transactional;
     let mut backoff = Backoff::from_policy(&shared.config.retry, Duration::from_millis(100));
     loop {

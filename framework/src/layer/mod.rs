@@ -1,6 +1,8 @@
 //! The path of one record through the per-record concerns, each a module of its own, in this order
 //! (the only place it is written):
 //!
+//! 0. [`park`] (with key parking): a record of a parked key is dead-lettered as `parked` without
+//!    running the others; a Millrace control record is skipped.
 //! 1. [`breaker`]: wait while the circuit breaker is open (records already polled do not start).
 //! 2. [`rejected`] (exactly-once): a record whose output the broker rejected runs alone, or goes
 //!    straight to the DLQ without running again.
@@ -8,6 +10,8 @@
 //!    record the key after the effect.
 //! 4. [`retry`]: the attempt loop around the processor call, under the concurrency bound.
 //! 5. [`dlq`]: a record that failed for good goes to the DLQ (or, with the DLQ off, stays failed).
+//! 6. [`park`] (with key parking): the change the record makes to its key's parking (parked behind
+//!    it, released) is made durable.
 //!
 //! What a layer decides is returned as a value ([`Outcome`], [`rejected::Gate`], [`dedup::Check`]),
 //! so the order reads top to bottom in [`process`]. Offsets, lanes and the transaction are the
@@ -16,11 +20,13 @@
 pub(crate) mod breaker;
 pub(crate) mod dedup;
 pub(crate) mod dlq;
+pub(crate) mod park;
 pub(crate) mod rejected;
 pub(crate) mod retry;
 
 use crate::context::IdempotencyKey;
 use crate::dlq::Failure;
+use crate::park::{Change, Decision};
 use crate::processor::Processor;
 use crate::record::{OutputRecord, Record};
 use crate::shared::Shared;
@@ -44,6 +50,8 @@ pub(crate) enum Outcome {
     Duplicate,
     /// Shutdown or revoke interrupted a retry: left unfinished, to be redelivered.
     Abandoned,
+    /// A Millrace control record (a release marker): never run. Its offset completes.
+    Skipped,
 }
 
 /// What the layers made of one record.
@@ -57,17 +65,49 @@ pub(crate) struct Processed {
     pub(crate) alone: bool,
     /// Its idempotency key was looked up and not found (a dedup miss).
     pub(crate) dedup_miss: bool,
+    /// The change it made to its key's parking (made durable).
+    pub(crate) park: Option<Change>,
+    /// Exactly-once: the parked-keys record of that change, for the transaction.
+    pub(crate) park_record: Option<OutputRecord>,
 }
 
 impl Processed {
     fn ended(outcome: Outcome) -> Self {
-        Self { outcome, dedup_key: None, alone: false, dedup_miss: false }
+        Self { outcome, dedup_key: None, alone: false, dedup_miss: false, park: None, park_record: None }
     }
 }
 
 /// Runs `record` through every layer, in order. `pending` is its partition's exactly-once buffer (a
-/// key whose transaction has not committed yet is there, not in the dedup store).
+/// key whose transaction has not committed yet is there, not in the dedup store); `parking` is what
+/// the record is to its key's parking, decided by its partition task when it started.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn process<P: Processor>(
+    shared: &Arc<Shared<P>>,
+    pending: &PendingOutputs,
+    epoch: u64,
+    record: &Record,
+    parking: Decision,
+    cancel: &CancellationToken,
+    scope: &CallScope,
+) -> Processed {
+    // 0. Parking: a parked key's record goes behind its blocking record, a control record is skipped.
+    let mut processed = match parking {
+        Decision::Park { blocking } => Processed::ended(park::parked(shared, record, blocking, cancel).await),
+        Decision::Control { .. } => Processed::ended(Outcome::Skipped),
+        _ => unparked(shared, pending, epoch, record, cancel, scope).await,
+    };
+    // 6. Parking: the record's change to its key's parking, made durable.
+    if parking != Decision::Off {
+        let settled = park::settle(shared, record, parking, processed.outcome, cancel).await;
+        processed.outcome = settled.outcome;
+        processed.park = settled.change;
+        processed.park_record = settled.record;
+    }
+    processed
+}
+
+/// Layers 1 to 5.
+async fn unparked<P: Processor>(
     shared: &Arc<Shared<P>>,
     pending: &PendingOutputs,
     epoch: u64,
@@ -100,7 +140,7 @@ pub(crate) async fn process<P: Processor>(
             held.after(shared, record, outcome, cancel).await
         }
     };
-    Processed { outcome, dedup_key, alone, dedup_miss }
+    Processed { outcome, dedup_key, alone, dedup_miss, park: None, park_record: None }
 }
 
 /// 4 and 5: the attempt loop, then the DLQ for a record that failed for good.
@@ -194,7 +234,8 @@ mod tests {
 
     async fn run_one(shared: &Arc<Shared<Flaky>>, record: &Record, cancel: &CancellationToken) -> Processed {
         let scope = CallScope::new(shared.blocking.slot("t".into(), 0));
-        process(shared, &PendingOutputs::new(Default::default()), 1, record, cancel, &scope).await
+        let parking = Decision::Off;
+        process(shared, &PendingOutputs::new(Default::default()), 1, record, parking, cancel, &scope).await
     }
 
     #[tokio::test]
@@ -273,7 +314,7 @@ mod tests {
             let started = std::time::Instant::now();
             let pending = PendingOutputs::new(Default::default());
             let (r, cancel) = (record(0, "a"), CancellationToken::new());
-            let call = process(&s, &pending, 1, &r, &cancel, &scope);
+            let call = process(&s, &pending, 1, &r, Decision::Off, &cancel, &scope);
             let done = tokio::time::timeout(Duration::from_secs(5), call).await.expect("the deadline ends the call");
             assert!(matches!(done.outcome, Outcome::Abandoned), "not retried, not dead-lettered: {done:?}");
             assert!(started.elapsed() < grace, "no wait past the call's end: {:?}", started.elapsed());

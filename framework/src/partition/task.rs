@@ -6,11 +6,13 @@ use crate::config::ProcessingOrder;
 use crate::context::CancelReason;
 use crate::dedup::changelog;
 use crate::layer::{self, CallScope, Outcome, Processed};
+use crate::park::{Change, Decision, ParkedKeys};
 use crate::processor::Processor;
 use crate::record::Record;
 use crate::shared::Shared;
 use crate::state::offsets::OffsetTracker;
 use crate::state::pending;
+use crate::stats::Stats;
 use crate::telemetry::events::RecordFailed;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
@@ -49,6 +51,12 @@ struct Finished {
     alone: bool,
     /// Its idempotency key was looked up and not found.
     dedup_miss: bool,
+    /// It was dead-lettered as `parked` (its key was parked), not run.
+    parked: bool,
+    /// The change it made to its key's parking, with the key.
+    park: Option<(Vec<u8>, Change)>,
+    /// Exactly-once: the parked-keys record of that change, for the transaction.
+    park_record: Option<crate::record::OutputRecord>,
 }
 
 struct Stopping {
@@ -65,6 +73,8 @@ struct PartitionTask<P> {
     tracker: OffsetTracker,
     /// Present while a record of the lane runs; holds the lane's waiting records.
     lanes: FxHashMap<LaneId, VecDeque<Record>>,
+    /// The partition's parked keys (empty with parking off), read before its first record.
+    parked: ParkedKeys,
     stopping: Option<Stopping>,
     /// What each record's processing future holds; cloned per record, and local to this task, so the
     /// clone does not bounce a shared counter between cores.
@@ -91,6 +101,7 @@ struct Tally {
     dedup_hits: u64,
     dedup_misses: u64,
     dead_lettered: u64,
+    parked: u64,
     failed: u64,
     released: usize,
     released_bytes: u64,
@@ -127,6 +138,7 @@ impl<P: Processor> PartitionTask<P> {
             ordering,
             tracker: OffsetTracker::new(),
             lanes: FxHashMap::default(),
+            parked: ParkedKeys::new(0),
             stopping: None,
             ctx,
             tally: Tally::default(),
@@ -137,6 +149,10 @@ impl<P: Processor> PartitionTask<P> {
         // A partition that moved here may bring dedup keys this instance has never seen.
         changelog::restore(&self.shared, &self.handle.topic, self.handle.partition).await;
         let mut running = Running::new();
+        // A parked key must be known before any of its records starts; batches wait meanwhile.
+        for batch in self.restore_parked(&mut rx).await {
+            self.on_command(&mut running, Some(Command::Records(batch)));
+        }
         loop {
             if let Some(stop) = &mut self.stopping {
                 let idle = running.is_empty();
@@ -172,32 +188,7 @@ impl<P: Processor> PartitionTask<P> {
             }
             let deadline = self.stopping.as_ref().map(|s| s.deadline);
             tokio::select! {
-                command = rx.recv(), if self.stopping.is_none() => match command {
-                    Some(Command::Records(batch)) => {
-                        for record in batch {
-                            if let Some(start) = self.admit(record) {
-                                self.launch(&mut running, start);
-                            }
-                        }
-                    }
-                    Some(Command::Stop { finish_queued, deadline, done }) => {
-                        if !finish_queued {
-                            // Revoke: the next owner redoes anything unfinished, so waiting retries and
-                            // DLQ produces give up now; records inside the processor may still finish.
-                            self.drop_queued();
-                            self.ctx.cancel.cancel();
-                        }
-                        let reason = if finish_queued { CancelReason::Shutdown } else { CancelReason::Revoked };
-                        self.stopping = Some(Stopping { deadline, done: Some(done), reason });
-                    }
-                    None => {
-                        // The handle is gone without a stop (the pipeline was dropped).
-                        self.drop_queued();
-                        let (done, _) = std::sync::mpsc::sync_channel(1);
-                        let reason = CancelReason::Shutdown;
-                        self.stopping = Some(Stopping { deadline: Instant::now(), done: Some(done), reason });
-                    }
-                },
+                command = rx.recv(), if self.stopping.is_none() => self.on_command(&mut running, command),
                 Some(finished) = running.next(), if !running.is_empty() => {
                     // Completions arrive in bursts (one produce request acknowledges many outputs):
                     // take every one that is ready, so the shared counters are touched once per burst.
@@ -217,6 +208,73 @@ impl<P: Processor> PartitionTask<P> {
                 () = until(deadline), if deadline.is_some() => {}
             }
             self.flush_tally();
+        }
+    }
+
+    /// Acts on a command from the poll thread (`None`: the handle is gone).
+    fn on_command(&mut self, running: &mut Running, command: Option<Command>) {
+        match command {
+            Some(Command::Records(batch)) if self.stopping.is_some() => {
+                for record in batch {
+                    self.release(record.byte_len() as u64);
+                }
+            }
+            Some(Command::Records(batch)) => {
+                for record in batch {
+                    if let Some(start) = self.admit(record) {
+                        self.launch(running, start);
+                    }
+                }
+            }
+            Some(Command::Stop { finish_queued, deadline, done }) => {
+                if !finish_queued {
+                    // Revoke: the next owner redoes anything unfinished, so waiting retries and
+                    // DLQ produces give up now; records inside the processor may still finish.
+                    self.drop_queued();
+                    self.ctx.cancel.cancel();
+                }
+                let reason = if finish_queued { CancelReason::Shutdown } else { CancelReason::Revoked };
+                self.stopping = Some(Stopping { deadline, done: Some(done), reason });
+            }
+            None => {
+                // The handle is gone without a stop (the pipeline was dropped).
+                self.drop_queued();
+                let (done, _) = std::sync::mpsc::sync_channel(1);
+                let reason = CancelReason::Shutdown;
+                self.stopping = Some(Stopping { deadline: Instant::now(), done: Some(done), reason });
+            }
+        }
+    }
+
+    /// With key parking, reads the partition's parked keys; batches that arrive meanwhile are
+    /// returned to be admitted after, and a stop ends the wait.
+    async fn restore_parked(&mut self, rx: &mut UnboundedReceiver<Command>) -> Vec<Vec<Record>> {
+        let mut held = Vec::new();
+        if !self.shared.config.dlq.park_keys {
+            return held;
+        }
+        let (topic, partition) = (self.handle.topic.clone(), self.handle.partition);
+        let shared = self.shared.clone();
+        let cancel = self.ctx.cancel.clone();
+        let restore = crate::park::store::restore(&shared, &topic, partition, &cancel);
+        tokio::pin!(restore);
+        loop {
+            tokio::select! {
+                parked = &mut restore => {
+                    if let Some(parked) = parked {
+                        self.parked = parked;
+                    }
+                    return held;
+                }
+                command = rx.recv(), if self.stopping.is_none() => match command {
+                    Some(Command::Records(batch)) => held.push(batch),
+                    other => {
+                        // A stop: cancels the restore (the task then ends, having run nothing).
+                        self.on_command(&mut Running::new(), other);
+                        self.ctx.cancel.cancel();
+                    }
+                },
+            }
         }
     }
 
@@ -261,21 +319,33 @@ impl<P: Processor> PartitionTask<P> {
     /// The processing future of one record: every layer in order ([`crate::layer`]).
     fn process(&self, (lane, record): (LaneId, Record)) -> impl Future<Output = Finished> + Send + use<P> {
         let ctx = self.ctx.clone();
+        let parking = self.parked.decide(&self.handle.topic, self.handle.partition, &record);
         async move {
             let TaskCtx { shared, handle, epoch, cancel, scope } = &*ctx;
-            let Processed { outcome, dedup_key, alone, dedup_miss } =
-                layer::process(shared, &handle.pending, *epoch, &record, cancel, scope).await;
+            let Processed { outcome, dedup_key, alone, dedup_miss, park, park_record } =
+                layer::process(shared, &handle.pending, *epoch, &record, parking, cancel, scope).await;
             let bytes = record.byte_len() as u64;
-            Finished { lane, offset: record.offset, bytes, outcome, dedup_key, alone, dedup_miss }
+            let parked = matches!(parking, Decision::Park { .. });
+            let park = park.and_then(|change| Some((record.key.clone()?, change)));
+            let offset = record.offset;
+            Finished { lane, offset, bytes, outcome, dedup_key, alone, dedup_miss, parked, park, park_record }
         }
     }
 
     /// Books a finished record and returns the next record of its lane, if it should start.
     fn finish(&mut self, mut f: Finished) -> Option<(LaneId, Record)> {
         self.tally.dedup_misses += u64::from(f.dedup_miss);
+        // A parking change applies before the key's next record starts (it is decided at its start).
+        if let Some((key, change)) = &f.park {
+            self.parked.apply(key, *change);
+            let s = &self.shared.telemetry.stats;
+            Stats::bump(if matches!(change, Change::Park(_)) { &s.keys_parked } else { &s.keys_released });
+        }
+        let park_record = f.park_record.take();
         let completes = match &mut f.outcome {
             Outcome::Done(outputs) => {
                 self.tally.processed += 1;
+                outputs.extend(park_record);
                 let entry = pending::Entry {
                     outputs: std::mem::take(outputs),
                     dedup_key: f.dedup_key.take(),
@@ -285,12 +355,18 @@ impl<P: Processor> PartitionTask<P> {
                 self.keep_for_transaction(f.offset, entry);
                 true
             }
-            Outcome::Duplicate => {
-                self.tally.dedup_hits += 1;
+            Outcome::Duplicate | Outcome::Skipped => {
+                self.tally.dedup_hits += u64::from(matches!(f.outcome, Outcome::Duplicate));
+                if let Some(out) = park_record {
+                    let entry = pending::Entry { outputs: vec![out], ..Default::default() };
+                    self.keep_for_transaction(f.offset, entry);
+                }
                 true
             }
             Outcome::DeadLettered(outputs) => {
                 self.tally.dead_lettered += 1;
+                self.tally.parked += u64::from(f.parked);
+                outputs.extend(park_record);
                 let entry = pending::Entry {
                     outputs: std::mem::take(outputs),
                     dedup_key: None,
@@ -315,13 +391,15 @@ impl<P: Processor> PartitionTask<P> {
         // before them), so that its "in a row" count stays exact.
         match f.outcome {
             Outcome::Done(_) | Outcome::Duplicate => self.tally.succeeded_for_breaker += 1,
+            // A parked record did not run: it says nothing about the processor's health.
+            Outcome::DeadLettered(_) if f.parked => {}
             Outcome::DeadLettered(_) | Outcome::Failed(_) => {
                 self.flush_breaker();
                 if self.shared.breaker.record(1, true, &self.shared.telemetry) {
                     self.shared.backpressure.wake();
                 }
             }
-            Outcome::Abandoned => {}
+            Outcome::Abandoned | Outcome::Skipped => {}
         }
         self.release(f.bytes);
         let next = self.lanes.get_mut(&f.lane).and_then(VecDeque::pop_front);
@@ -362,6 +440,7 @@ impl<P: Processor> PartitionTask<P> {
             (&s.dedup_hits, t.dedup_hits),
             (&s.dedup_misses, t.dedup_misses),
             (&s.dead_lettered, t.dead_lettered),
+            (&s.parked, t.parked),
             (&s.failed, t.failed),
         ] {
             if n > 0 {
