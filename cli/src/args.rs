@@ -118,6 +118,27 @@ pub enum DlqCommand {
     /// Produce DLQ records back to their original topic (or `--to`), resuming where an earlier
     /// replay with the same group stopped.
     Replay(ReplayArgs),
+    /// Release a key parked by a pipeline (key parking): its later records run again, whatever
+    /// became of the record it was parked behind. Writes a release marker to the key's source
+    /// partition, which the pipeline applies in order with the partition's records.
+    Release(ReleaseArgs),
+}
+
+/// `millrace dlq release`.
+#[derive(Debug, Clone, Args)]
+pub struct ReleaseArgs {
+    /// The pipeline's consumer group (the one that parked the key).
+    #[arg(long)]
+    pub group: String,
+    /// The parked key (UTF-8).
+    #[arg(long)]
+    pub key: String,
+    /// Only the key's parking in this source topic (default: in every topic).
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// Say what would be released; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// Output format.

@@ -18,6 +18,7 @@ mod client;
 mod filter;
 mod list;
 mod outbox;
+mod parked;
 mod progress;
 mod read;
 mod replay;
@@ -62,6 +63,11 @@ async fn run(cli: &Cli) -> Result<ExitCode> {
     match &cli.command {
         Command::Dlq(DlqCommand::Stats(a)) => stats::run(bootstrap, a).await?,
         Command::Dlq(DlqCommand::List(a)) => list::run(bootstrap, a).await?,
+        Command::Dlq(DlqCommand::Release(a)) => {
+            let n = parked::release(bootstrap, a).await?;
+            let verb = if a.dry_run { "would write" } else { "wrote" };
+            println!("{verb} {n} release marker{}", if n == 1 { "" } else { "s" });
+        }
         Command::Status(a) => status::run(bootstrap, a).await?,
         Command::Outbox(OutboxCommand::Install(a)) => outbox::install(bootstrap, a).await?,
         Command::Outbox(OutboxCommand::Relay(a)) => outbox::relay(bootstrap, a).await?,

@@ -143,6 +143,12 @@ impl TopicScan {
     /// Checks that `topic` exists, captures its end offsets and assigns the partitions that have
     /// records to read. With `group`, each partition starts at the group's committed offset.
     pub fn open(bootstrap: &str, topic: &str, group: Option<&str>) -> Result<Self> {
+        Self::open_if_exists(bootstrap, topic, group)?
+            .ok_or_else(|| anyhow!("topic {topic} does not exist (at {bootstrap})"))
+    }
+
+    /// [`open`](Self::open), or `None` when `topic` does not exist.
+    pub fn open_if_exists(bootstrap: &str, topic: &str, group: Option<&str>) -> Result<Option<Self>> {
         let mut config = client_config(bootstrap);
         config
             .set("enable.auto.commit", "false")
@@ -158,8 +164,9 @@ impl TopicScan {
         config.set("group.id", group.unwrap_or("millrace-cli-reader"));
         let consumer: StreamConsumer<Hooks> =
             config.create_with_context(Hooks).context("creating the Kafka consumer")?;
-        let partitions = partition_count(consumer.client(), bootstrap, topic, || serve_logs(&consumer))?
-            .ok_or_else(|| anyhow!("topic {topic} does not exist (at {bootstrap})"))?;
+        let Some(partitions) = partition_count(consumer.client(), bootstrap, topic, || serve_logs(&consumer))? else {
+            return Ok(None);
+        };
         let committed = match group {
             Some(g) => {
                 let mut tpl = TopicPartitionList::new();
@@ -194,14 +201,14 @@ impl TopicScan {
         consumer.assign(&assignment).context("assigning the DLQ partitions")?;
         tracing::debug!(topic, ?bounds, "scan opened");
         let remaining = bounds.iter().filter(|(_, (s, e))| s < e).map(|(p, _)| *p).collect();
-        Ok(TopicScan {
+        Ok(Some(TopicScan {
             consumer,
             topic: topic.into(),
             bootstrap: bootstrap.to_owned(),
             bounds,
             remaining,
             last_read: BTreeMap::new(),
-        })
+        }))
     }
 
     /// Records this scan will read at most (end minus start, summed over partitions).

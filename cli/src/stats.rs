@@ -4,6 +4,7 @@
 
 use crate::args::{Format, StatsArgs};
 use crate::filter::Filter;
+use crate::parked::{self, Parking};
 use crate::read::{DlqRecord, TopicScan};
 use crate::replay::groups::{self, ReplayGroup};
 use crate::time::format_ms;
@@ -56,6 +57,12 @@ pub struct DlqStats {
     pub by_replay_count: BTreeMap<u32, u64>,
     /// The replay groups of the topic: what each handled and what it would still read.
     pub replay_groups: Vec<ReplayGroup>,
+    /// Keys parked now by the groups of the records read (key parking), each with the records of
+    /// this topic parked behind its blocking record.
+    pub parked_keys: Vec<Parking>,
+    /// Records of kind `parked`, by the blocking record they wait behind (`topic/partition/offset`).
+    #[serde(skip)]
+    pub parked_behind: BTreeMap<String, u64>,
     /// The failure with the earliest last-failure time.
     pub oldest: Option<FailurePoint>,
     /// The failure with the latest last-failure time.
@@ -83,6 +90,9 @@ impl DlqStats {
         *self.by_original_topic.entry(info.original_topic.clone()).or_default() += 1;
         *self.by_processor.entry(info.processor.clone()).or_default() += 1;
         *self.by_group.entry(info.group.clone()).or_default() += 1;
+        if let Some(by) = record.record.headers.get(millrace::dlq::headers::PARKED_BY) {
+            *self.parked_behind.entry(String::from_utf8_lossy(by).into_owned()).or_default() += 1;
+        }
         let point = || FailurePoint {
             failed_at: format_ms(info.last_failure_ms),
             failed_at_ms: info.last_failure_ms,
@@ -144,6 +154,17 @@ impl DlqStats {
                 g.group, g.committed_past, g.outstanding
             );
         }
+        let _ = writeln!(out, "\nparked keys (key parking: held behind a failed record until replayed or released):");
+        if self.parked_keys.is_empty() {
+            let _ = writeln!(out, "  (none)");
+        }
+        for p in &self.parked_keys {
+            let _ = writeln!(
+                out,
+                "  group {}  key {:?}  in {}/{}  behind offset {}  parked records here {}",
+                p.group, p.key, p.topic, p.partition, p.blocking_offset, p.parked_records
+            );
+        }
         let _ = writeln!(out);
         for (title, point) in [("oldest failure", &self.oldest), ("newest failure", &self.newest)] {
             match point {
@@ -176,6 +197,14 @@ pub async fn run(bootstrap: &str, args: &StatsArgs) -> Result<()> {
     let mut stats = DlqStats { topic: args.topic.clone(), replay_groups, ..DlqStats::default() };
     while let Some(record) = scan.next().await? {
         stats.add(&record, &filter);
+    }
+    for group in stats.by_group.keys() {
+        for mut p in parked::read(bootstrap, group).await? {
+            if stats.by_original_topic.contains_key(&p.topic) {
+                p.parked_records = stats.parked_behind.get(&p.blocking().to_string()).copied().unwrap_or(0);
+                stats.parked_keys.push(p);
+            }
+        }
     }
     match args.format {
         Format::Table => print!("{}", stats.to_table()),

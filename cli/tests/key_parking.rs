@@ -129,6 +129,11 @@ async fn park_move_and_replay(exactly_once: bool) -> anyhow::Result<()> {
     until(&b.stats, "the new K record parked on the other instance", |s| s.parked == 1 && s.processed == 1).await?;
     assert_eq!(k_effects(&effects.lock().unwrap()).len(), 10, "nothing of K ran on the other instance");
 
+    // Exactly-once, the parked record's DLQ copy is visible once its transaction commits.
+    eventually("the new K record in the DLQ", Duration::from_secs(60), || {
+        Ok((read_topic_as(&dlq, Isolation::ReadCommitted)?.len() == 12).then_some(()))
+    })
+    .await?;
     fixed.store(true, Relaxed); // the fix is deployed
     assert_eq!(millrace(&["replay", &dlq]), "replayed 12, exhausted 0, skipped-no-headers 0, filtered-out 0");
     until(&b.stats, "K's records replayed and K released", |s| s.processed == 13 && s.keys_released == 1).await?;
@@ -156,4 +161,59 @@ async fn a_failed_key_is_parked_across_a_move_and_released_by_replay_at_least_on
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_key_is_parked_across_a_move_and_released_by_replay_exactly_once() -> anyhow::Result<()> {
     park_move_and_replay(true).await
+}
+
+/// `millrace dlq stats` shows the parked key and its parked records; `millrace dlq release` releases
+/// it (the pipeline applies the marker in order, never running it) and a new record of the key runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_show_a_parked_key_and_release_lets_it_run_again() -> anyhow::Result<()> {
+    millrace_integration_tests::init_logs();
+    let topic = unique("parking-release");
+    let (dlq, group) = (format!("{topic}.dlq"), unique("parking-release-group"));
+    create_topic(&topic, 1).await?;
+    produce_raw(&topic, (0..6).map(|i| record("K", i, i == 2)).chain([record("J", 6, false)])).await?;
+    let effects = Arc::new(Mutex::new(Vec::new()));
+    let ledger = Ledger { fixed: Arc::new(AtomicBool::new(false)), effects: effects.clone() };
+    let dlq_config = DlqConfig { park_keys: true, ..DlqConfig::default() };
+    let run = start(PipelineConfig::new(bootstrap(), &group, [&topic]).dlq(dlq_config), ledger)?;
+    until(&run.stats, "K parked behind offset 2", |s| s.processed == 3 && s.parked == 3).await?;
+
+    let stats: serde_json::Value = serde_json::from_str(&json(&["stats", &dlq, "--format", "json"]))?;
+    let want = serde_json::json!([{
+        "group": group, "topic": topic, "partition": 0, "key": "K", "blocking_offset": 2, "parked_records": 3
+    }]);
+    assert_eq!(stats["parked_keys"], want, "{stats}");
+    let release = ["release", "--group", &group, "--key", "K"];
+    assert_eq!(millrace(&release), "wrote 1 release marker");
+    until(&run.stats, "K released by the marker", |s| s.keys_released == 1).await?;
+    produce_raw(&topic, [record("K", 8, false)]).await?;
+    until(&run.stats, "a new K record runs", |s| s.processed == 4).await?;
+    let effects: Vec<(String, i64)> = effects.lock().unwrap().clone();
+    let k: Vec<i64> = effects.iter().filter(|(k, _)| k == "K").map(|(_, s)| *s).collect();
+    assert_eq!(k, [0, 1, 8], "K's parked records stay in the DLQ; the marker never reached the processor");
+    let stats: serde_json::Value = serde_json::from_str(&json(&["stats", &dlq, "--format", "json"]))?;
+    assert_eq!(stats["parked_keys"], serde_json::json!([]), "{stats}");
+    // Nothing parked any more: a second release says so and fails.
+    let again = Command::new(env!("CARGO_BIN_EXE_millrace"))
+        .arg("dlq")
+        .args(release)
+        .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
+        .output()?;
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success() && said.contains("is not parked by group"), "{said}");
+    run.stop.cancel();
+    run.task.await??;
+    Ok(())
+}
+
+/// All of stdout of `millrace dlq <args>`.
+fn json(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_millrace"))
+        .arg("dlq")
+        .args(args)
+        .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
+        .output()
+        .expect("run millrace");
+    assert!(out.status.success(), "millrace dlq {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -37,8 +37,8 @@ pub(crate) enum Decision {
         /// The partition holds fewer than `max_parked_keys`.
         room: bool,
     },
-    /// The replay of its key's blocking record: it runs; processed, it releases the key; failed
-    /// again, it parks the key behind itself.
+    /// Its key's blocking record, replayed (or redelivered): it runs; processed, it releases the
+    /// key; failed again, it parks the key behind itself.
     RunBlocking,
     /// Its key is parked behind the record at `blocking`: dead-lettered as `parked`, not run.
     Park {
@@ -112,6 +112,12 @@ impl ParkedKeys {
         }
         match self.blocking(key) {
             None => Decision::Run { room: self.keys.len() < self.max },
+            // A record before the blocking one, redelivered (a crash before their offsets were
+            // committed): it ran before the failure and runs again, as it would have without the
+            // parking (the key is in the set already, so there is room to park it again).
+            Some(at) if record.offset < at => Decision::Run { room: true },
+            // The blocking record itself, redelivered: it runs again too.
+            Some(at) if record.offset == at => Decision::RunBlocking,
             Some(at) => {
                 let of = Coordinates::from_header(&record.headers, headers::REPLAY_OF);
                 match of {
@@ -156,6 +162,8 @@ mod tests {
         assert_eq!(parked.decide("t", 2, &of("t/2/11")), Decision::Park { blocking: 10 });
         assert_eq!(parked.decide("t", 2, &of("t/1/10")), Decision::Park { blocking: 10 });
         assert_eq!(parked.decide("t", 2, &of("t/2/10")), Decision::RunBlocking);
+        assert_eq!(parked.decide("t", 2, &record(10, Some("k"), &[])), Decision::RunBlocking, "redelivered");
+        assert_eq!(parked.decide("t", 2, &record(9, Some("k"), &[])), Decision::Run { room: true }, "before it");
         parked.apply(b"j", Change::Park(3));
         assert_eq!(parked.decide("t", 2, &record(14, Some("new"), &[])), Decision::Run { room: false }, "at the bound");
         parked.apply(b"k", Change::Release);

@@ -15,7 +15,7 @@ use std::sync::Once;
 
 /// Counters copied from [`StatsSnapshot`] (name, help, field).
 type Field = fn(&StatsSnapshot) -> u64;
-const COUNTERS: [(&str, &str, Field); 20] = [
+const COUNTERS: [(&str, &str, Field); 23] = [
     ("millrace_records_polled_total", "Records polled and handed to their partitions.", |s| s.polled),
     ("millrace_records_processed_total", "Records processed successfully (outputs acknowledged).", |s| s.processed),
     ("millrace_records_failed_total", "Records that failed for good with the DLQ off (left uncommitted).", |s| {
@@ -28,6 +28,15 @@ const COUNTERS: [(&str, &str, Field); 20] = [
         s.dedup_misses
     }),
     ("millrace_dedup_restored_entries_total", "Dedup entries restored from the changelog.", |s| s.dedup_restored),
+    ("millrace_keys_parked_total", "Keys parked behind a record that failed for good (key parking).", |s| {
+        s.keys_parked
+    }),
+    ("millrace_keys_released_total", "Parked keys released (blocking record replayed, or a release marker).", |s| {
+        s.keys_released
+    }),
+    ("millrace_park_overflows_total", "Keys not parked on failure: their partition held dlq.max_parked_keys.", |s| {
+        s.park_overflows
+    }),
     ("millrace_panics_total", "Processor panics caught (each fails its record permanently).", |s| s.panics),
     ("millrace_dlq_produce_failures_total", "DLQ produce attempts that failed (retried).", |s| s.dlq_produce_failures),
     ("millrace_breaker_trips_total", "Times the circuit breaker opened (DLQ flood or transient storm).", |s| {

@@ -5,7 +5,8 @@
 //!
 //! With `--output-topic` it is also a copier: every record is emitted to that topic with the same
 //! key and the value `<partition> <offset> <input value>`, in exactly-once mode with
-//! `--exactly-once`. Records whose value starts with `poison` fail permanently (→ DLQ).
+//! `--exactly-once`. Records whose value starts with `poison` fail permanently (→ DLQ; with
+//! `--park-keys` their key is parked behind them).
 //!
 //! Options the chaos suite (`millrace-chaos`) uses on top:
 //! - `--stats-file PATH`: the pipeline's counters, rewritten every 250 ms (atomically, by rename), so
@@ -25,8 +26,8 @@ use clap::Parser;
 use millrace::codec::Utf8;
 use millrace::typed::{Typed, TypedProcessor};
 use millrace::{
-    Bounds, Context, DedupConfig, ExactlyOnce, OutputRecord, Pipeline, PipelineConfig, ProcessError, ProcessingOrder,
-    Processor, Record, Stats,
+    Bounds, Context, DedupConfig, DlqConfig, ExactlyOnce, OutputRecord, Pipeline, PipelineConfig, ProcessError,
+    ProcessingOrder, Processor, Record, Stats,
 };
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
@@ -93,6 +94,9 @@ struct Args {
     /// Decode values as UTF-8 before the processor (undecodable ones go to the DLQ).
     #[arg(long)]
     decode_utf8: bool,
+    /// Park a key on failure (`DlqConfig::park_keys`): a poison record holds its key's later records.
+    #[arg(long)]
+    park_keys: bool,
     /// Size of the output emitted for an `inflate…` record.
     #[arg(long, default_value_t = 2_000_000)]
     inflate_bytes: usize,
@@ -297,6 +301,9 @@ async fn main() -> Result<()> {
         })
         .commit_interval(Duration::from_millis(args.commit_interval_ms))
         .drain_timeout(Duration::from_millis(args.drain_timeout_ms));
+    if args.park_keys {
+        config = config.dlq(DlqConfig { park_keys: true, ..DlqConfig::default() });
+    }
     if let Some(dir) = &args.dedup_dir {
         config = config.dedup(DedupConfig::new(dir));
     }

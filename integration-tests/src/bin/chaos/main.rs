@@ -25,6 +25,7 @@ mod copier;
 mod dedup_eos;
 mod fleet;
 mod outcome;
+mod parking;
 mod poison;
 mod profile;
 mod side_effects;
@@ -41,13 +42,14 @@ use std::time::Instant;
 
 /// The scenarios in the order the suite runs them. The broker restarts come last: they restart
 /// the broker everything else uses.
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 9] = [
     "copier-sigkill",
     "side-effects-sigkill",
     "dedup-eos-sigkill",
     "rebalance-storm-eos",
     "rebalance-storm-alos",
     "poison",
+    "parked-keys",
     "negative-control",
     "broker-restart",
 ];
@@ -117,6 +119,7 @@ async fn run_scenario(name: &str, env: Env) -> Result<Outcome> {
         "rebalance-storm-alos" => storm::run(env, false).await,
         "broker-restart" => broker_restart::run(env).await,
         "poison" => poison::run(env).await,
+        "parked-keys" => parking::run(env).await,
         other => bail!("unknown scenario {other:?}; --list shows them"),
     }
 }
