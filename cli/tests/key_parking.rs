@@ -50,17 +50,7 @@ fn record(key: &str, seq: i64, bad: bool) -> Raw {
 
 /// Runs `millrace dlq <args>` and returns its last line of stdout.
 fn millrace(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_millrace"))
-        .arg("dlq")
-        .args(args)
-        .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
-        .env("RUST_LOG", "warn,librdkafka=off,rdkafka=off")
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run millrace");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "millrace dlq {args:?} failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
-    stdout.lines().last().unwrap_or_default().to_owned()
+    stdout_of(args).lines().last().unwrap_or_default().to_owned()
 }
 
 struct Run {
@@ -178,7 +168,7 @@ async fn stats_show_a_parked_key_and_release_lets_it_run_again() -> anyhow::Resu
     let run = start(PipelineConfig::new(bootstrap(), &group, [&topic]).dlq(dlq_config), ledger)?;
     until(&run.stats, "K parked behind offset 2", |s| s.processed == 3 && s.parked == 3).await?;
 
-    let stats: serde_json::Value = serde_json::from_str(&json(&["stats", &dlq, "--format", "json"]))?;
+    let stats: serde_json::Value = serde_json::from_str(&stdout_of(&["stats", &dlq, "--format", "json"]))?;
     let want = serde_json::json!([{
         "group": group, "topic": topic, "partition": 0, "key": "K", "blocking_offset": 2, "parked_records": 3
     }]);
@@ -191,7 +181,7 @@ async fn stats_show_a_parked_key_and_release_lets_it_run_again() -> anyhow::Resu
     let effects: Vec<(String, i64)> = effects.lock().unwrap().clone();
     let k: Vec<i64> = effects.iter().filter(|(k, _)| k == "K").map(|(_, s)| *s).collect();
     assert_eq!(k, [0, 1, 8], "K's parked records stay in the DLQ; the marker never reached the processor");
-    let stats: serde_json::Value = serde_json::from_str(&json(&["stats", &dlq, "--format", "json"]))?;
+    let stats: serde_json::Value = serde_json::from_str(&stdout_of(&["stats", &dlq, "--format", "json"]))?;
     assert_eq!(stats["parked_keys"], serde_json::json!([]), "{stats}");
     // Nothing parked any more: a second release says so and fails.
     let again = Command::new(env!("CARGO_BIN_EXE_millrace"))
@@ -206,14 +196,17 @@ async fn stats_show_a_parked_key_and_release_lets_it_run_again() -> anyhow::Resu
     Ok(())
 }
 
-/// All of stdout of `millrace dlq <args>`.
-fn json(args: &[&str]) -> String {
+/// All of stdout of `millrace dlq <args>`, which must succeed.
+fn stdout_of(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_millrace"))
         .arg("dlq")
         .args(args)
         .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
+        .env("RUST_LOG", "warn,librdkafka=off,rdkafka=off")
+        .env("NO_COLOR", "1")
         .output()
         .expect("run millrace");
-    assert!(out.status.success(), "millrace dlq {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "millrace dlq {args:?} failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    stdout
 }
