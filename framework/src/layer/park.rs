@@ -58,10 +58,11 @@ pub(crate) async fn settle<P: Processor>(
         (Decision::Run { room: false }, Outcome::DeadLettered(_)) => {
             Stats::bump(&shared.telemetry.stats.park_overflows);
             let bound = shared.config.dlq.max_parked_keys;
-            let what = format!("{}/{}@{}", record.topic, record.partition, record.offset);
+            // One text per partition, so that the log's repeat suppression applies.
+            let what = format!("{}/{}", record.topic, record.partition);
             shared.log.warn(
-                &format!("key of {what} not parked: its partition holds dlq.max_parked_keys ({bound}) parked keys"),
-                "its later records run (per-key order across this failure is not kept)",
+                &format!("a failed key not parked: {what} holds dlq.max_parked_keys ({bound}) parked keys"),
+                "its later records run (per-key order across the failure is not kept; see park_overflows)",
             );
             None
         }

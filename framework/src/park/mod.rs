@@ -99,8 +99,8 @@ impl ParkedKeys {
     /// What `record` (of this task's `topic`/`partition`) is to the parking.
     pub(crate) fn decide(&self, topic: &str, partition: i32, record: &Record) -> Decision {
         let here = |c: &Coordinates| c.topic == topic && c.partition == partition;
-        if record.headers.get(headers::CONTROL).is_some() {
-            let marker = record.headers.get(headers::CONTROL) == Some(RELEASE.as_bytes());
+        if let Some(control) = record.headers.get(headers::CONTROL) {
+            let marker = control == RELEASE.as_bytes();
             let names = Coordinates::from_header(&record.headers, headers::PARKED_BY);
             let current = record.key.as_deref().and_then(|k| self.blocking(k));
             let releases = marker && matches!((&names, current), (Some(c), Some(at)) if here(c) && c.offset == at);
