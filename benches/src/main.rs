@@ -30,6 +30,8 @@
 //! - `compare`: the end-to-end workloads of the benchmark suite (raw rdkafka drain, pipe and
 //!   transactional pipe; Millrace at-least-once, with dedup, with poison records, exactly-once; Kafka
 //!   Streams) with the ratios that have targets; see [`compare`].
+//! - `latency`: end-to-end latency of P0, F_alos, Pt(100 ms) and F_eos(100 ms) at a fixed offered
+//!   load (half of P0's throughput by default); see [`latency_bench`].
 //! - `report`: writes `BENCHMARKS.md` and its chart from the `RESULT` lines of `compare`, `slow` and
 //!   `memory` (what `scripts/bench` runs); see [`report`].
 //!
@@ -49,6 +51,7 @@ mod compare;
 mod core_bench;
 mod dedup_bench;
 mod kafka;
+mod latency_bench;
 mod measure;
 mod memory_bench;
 mod outbox_bench;
@@ -93,6 +96,9 @@ enum Command {
     /// The outbox relay's latency: rows committed to PostgreSQL at a fixed rate, each timed from its
     /// commit to a read_committed consumer receiving it (needs MILLRACE_POSTGRES_URL).
     Outbox(outbox_bench::OutboxArgs),
+    /// End-to-end latency (input hand-off to the output visible to its reader) at a fixed offered
+    /// load, half of P0's throughput by default: P0, F_alos, Pt(100 ms) and F_eos(100 ms).
+    Latency(latency_bench::LatencyArgs),
     /// The child process of `memory` (internal).
     #[command(hide = true)]
     MemoryChild(memory_bench::MemoryChildArgs),
@@ -115,6 +121,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Report(args) => report::run(args),
         Command::Codec(args) => codec_bench::run(args).await,
         Command::Outbox(args) => outbox_bench::run(args).await,
+        Command::Latency(args) => latency_bench::run(args).await,
         Command::MemoryChild(args) => memory_bench::run_child(args).await,
     }
 }

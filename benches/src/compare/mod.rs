@@ -33,9 +33,9 @@
 //! the per-round ratios and the ratio of CPU per record, next to its target. `RESULT compare-*`
 //! lines carry the same for `report`, which writes `BENCHMARKS.md`.
 
-mod millrace_side;
+pub(crate) mod millrace_side;
 mod output;
-mod raw;
+pub(crate) mod raw;
 mod streams;
 pub mod workload;
 

@@ -211,7 +211,7 @@ fn slow_table(slow: &Line, area: &Area<'_>) -> DrawResult {
 }
 
 /// The label of the horizontal bar at `y` (bars are listed top to bottom; ticks between bars get none).
-fn bar_label(labels: &[String], y: f64) -> String {
+pub(super) fn bar_label(labels: &[String], y: f64) -> String {
     let (n, i) = (labels.len(), y.round());
     if (y - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < n {
         labels[n - 1 - i as usize].clone()

@@ -1,12 +1,17 @@
 //! The text of `BENCHMARKS.md`: the tables of the measured results against their targets, the
 //! slow-handler table, and the method.
 
-use super::{Line, ReportArgs, Results, chart, chart_path_for, machine_description, size_label, utc_now};
+use super::{Line, ReportArgs, Results, chart, chart_path_for, latency, machine_description, size_label, utc_now};
 use crate::compare::workload::{RATIOS, Workload};
 use std::fmt::Write as _;
 
 /// The whole Markdown document.
-pub(super) fn render(results: &Results, args: &ReportArgs, chart_note: Option<&str>) -> String {
+pub(super) fn render(
+    results: &Results,
+    args: &ReportArgs,
+    chart_note: Option<&str>,
+    latency_chart: Option<&str>,
+) -> String {
     let mut md = String::new();
     let setup = results.one("compare-setup");
     let sizes = results.sizes();
@@ -93,6 +98,7 @@ pub(super) fn render(results: &Results, args: &ReportArgs, chart_note: Option<&s
             verdict_text(peak.map(|p| if p * 1.048_576 <= 256.0 { "met" } else { "not-met" })),
         );
     }
+    latency::target_rows(&mut md, results);
     match chart_note {
         None => {
             let path = chart_path_for(&args.markdown, &args.chart);
@@ -193,6 +199,7 @@ pub(super) fn render(results: &Results, args: &ReportArgs, chart_note: Option<&s
             memory.num("rps").unwrap_or(f64::NAN),
         );
     }
+    latency::section(&mut md, results, latency_chart);
     md.push_str(METHOD);
     if let Ok(notes) = std::fs::read_to_string(&args.notes) {
         let _ = writeln!(md, "\n## Notes\n\n<!-- From {}, written by hand. -->\n", args.notes.display());

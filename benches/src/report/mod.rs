@@ -7,6 +7,7 @@
 //! verdicts.
 
 mod chart;
+mod latency;
 mod markdown;
 
 use anyhow::{Context as _, bail};
@@ -17,13 +18,15 @@ use std::path::{Path, PathBuf};
 /// Options of `report`.
 #[derive(Debug, clap::Args)]
 pub struct ReportArgs {
-    /// Directory holding the logs of the run: compare.log, slow.log, memory.log (any may be missing).
+    /// Directory holding the logs of the run: compare.log, slow.log, memory.log, latency.log (any may be
+    /// missing).
     #[arg(long)]
     results: PathBuf,
     /// Where to write the Markdown report.
     #[arg(long, default_value = "BENCHMARKS.md")]
     markdown: PathBuf,
-    /// Where to write the PNG chart (its path in the Markdown is relative to the report's directory).
+    /// Where to write the PNG chart (its path in the Markdown is relative to the report's directory); the
+    /// latency chart goes next to it, as `<stem>-latency.png`.
     #[arg(long, default_value = "docs/benchmarks.png")]
     chart: PathBuf,
     /// The command that produced the logs, quoted in the report.
@@ -105,7 +108,7 @@ impl Results {
 pub fn run(args: ReportArgs) -> anyhow::Result<()> {
     let mut results = Results::default();
     let mut found = Vec::new();
-    for name in ["compare.log", "slow.log", "memory.log"] {
+    for name in ["compare.log", "slow.log", "memory.log", "latency.log"] {
         let path = args.results.join(name);
         if let Ok(text) = std::fs::read_to_string(&path) {
             results.parse(&text);
@@ -113,7 +116,10 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
         }
     }
     if results.lines.is_empty() {
-        bail!("no RESULT lines in {} (looked for compare.log, slow.log, memory.log)", args.results.display());
+        bail!(
+            "no RESULT lines in {} (looked for compare.log, slow.log, memory.log, latency.log)",
+            args.results.display()
+        );
     }
     let chart_note = match chart::draw(&results, &args.chart, args.font.as_deref()) {
         Ok(()) => {
@@ -125,7 +131,22 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
             Some(format!("{e:#}"))
         }
     };
-    let markdown = render(&results, &args, chart_note.as_deref());
+    let latency_chart = latency::chart_path(&args.chart);
+    let latency_link = match chart_note {
+        None => match latency::draw(&results, &latency_chart) {
+            Ok(true) => {
+                println!("wrote {}", latency_chart.display());
+                Some(chart_path_for(&args.markdown, &latency_chart))
+            }
+            Ok(false) => None,
+            Err(e) => {
+                eprintln!("warning: no latency chart: {e:#}");
+                None
+            }
+        },
+        Some(_) => None,
+    };
+    let markdown = render(&results, &args, chart_note.as_deref(), latency_link.as_deref());
     if let Some(dir) = args.markdown.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
