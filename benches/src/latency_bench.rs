@@ -34,7 +34,6 @@ use anyhow::{Context as _, bail};
 use millrace_testkit::{Admin, unique};
 use rand::RngExt;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -187,6 +186,9 @@ async fn measure(
         }
     };
     for (load, rate) in loads {
+        if rate == 0 {
+            bail!("offered load {load} is 0 records/s");
+        }
         println!();
         match load.strip_prefix("rate-") {
             Some(_) => println!("offered load {rate} records/s, {seconds} s per run"),
@@ -302,30 +304,55 @@ async fn p0_throughput(
     topics: &mut Vec<String>,
     groups: &mut Vec<String>,
 ) -> anyhow::Result<f64> {
-    let (input, output, group) = (unique("millrace-bench-lat-p0"), unique("millrace-bench-lat-out"), unique("lat-p0"));
-    for t in [&input, &output] {
-        admin.create_topic(t, args.partitions, &[]).await?;
-        topics.push(t.clone());
-    }
+    let (input, output) = fresh_topics(admin, topics, args.partitions, "p0").await?;
+    let group = unique("millrace-bench-lat-p0");
     groups.push(group.clone());
     let spec = LoadSpec { records: 500_000, value_size: args.value_size, keys: args.keys };
     let (b, i) = (bootstrap.to_owned(), input.clone());
     tokio::task::spawn_blocking(move || load(&b, &i, spec)).await??;
-    let b = bootstrap.to_owned();
-    let m = tokio::task::spawn_blocking(move || {
+    let m = raw_pipe(bootstrap, &input, &output, &group, spec.records, GRACE, None).await?;
+    Ok(m.rps())
+}
+
+/// A fresh input topic and output topic (`--partitions` each), kept for the clean-up.
+async fn fresh_topics(
+    admin: &Admin,
+    topics: &mut Vec<String>,
+    partitions: i32,
+    what: &str,
+) -> anyhow::Result<(String, String)> {
+    let (input, output) = (unique(&format!("millrace-bench-lat-{what}")), unique("millrace-bench-lat-out"));
+    for t in [&input, &output] {
+        admin.create_topic(t, partitions, &[]).await?;
+        topics.push(t.clone());
+    }
+    Ok((input, output))
+}
+
+/// One run of `compare`'s raw pipe (P0 without `transactions`, else Pt) on a blocking thread.
+async fn raw_pipe(
+    bootstrap: &str,
+    input: &str,
+    output: &str,
+    group: &str,
+    records: u64,
+    timeout: Duration,
+    transactions: Option<Duration>,
+) -> anyhow::Result<crate::measure::Measurement> {
+    let (b, i, o, g) = (bootstrap.to_owned(), input.to_owned(), output.to_owned(), group.to_owned());
+    tokio::task::spawn_blocking(move || {
         raw::run(&raw::Pipe {
             bootstrap: &b,
-            input: &input,
-            output: &output,
-            group: &group,
-            records: spec.records,
-            timeout: GRACE,
-            transactions: None,
+            input: &i,
+            output: &o,
+            group: &g,
+            records,
+            timeout,
+            transactions,
             commit_interval: Duration::from_secs(1),
         })
     })
-    .await??;
-    Ok(m.rps())
+    .await?
 }
 
 /// One run: the workload, the paced writer and the reader; returns the sorted latencies.
@@ -340,13 +367,8 @@ async fn run_one(
     rate: u64,
     paced: u64,
 ) -> anyhow::Result<Latencies> {
-    let input = unique(&format!("millrace-bench-lat-{}", workload.slug()));
-    let output = unique("millrace-bench-lat-out");
+    let (input, output) = fresh_topics(admin, topics, args.partitions, workload.slug()).await?;
     let group = unique(&format!("millrace-bench-lat-{}", workload.slug()));
-    for t in [&input, &output] {
-        admin.create_topic(t, args.partitions, &[]).await?;
-        topics.push(t.clone());
-    }
     groups.push(group.clone());
     let records = WARMUP + paced;
     let timeout = GRACE + Duration::from_secs(paced / rate.max(1));
@@ -364,21 +386,7 @@ async fn run_one(
     let ran: anyhow::Result<()> = match workload {
         Workload::P0 | Workload::Pt100 => {
             let transactions = (workload == Workload::Pt100).then_some(Duration::from_millis(100));
-            let (b, i, o, g) = (bootstrap.to_owned(), input.clone(), output.clone(), group.clone());
-            tokio::task::spawn_blocking(move || {
-                raw::run(&raw::Pipe {
-                    bootstrap: &b,
-                    input: &i,
-                    output: &o,
-                    group: &g,
-                    records,
-                    timeout,
-                    transactions,
-                    commit_interval: Duration::from_secs(1),
-                })
-            })
-            .await?
-            .map(drop)
+            raw_pipe(bootstrap, &input, &output, &group, records, timeout, transactions).await.map(drop)
         }
         Workload::FAlos | Workload::FEos100 => {
             let mode = if workload == Workload::FAlos { Mode::Alos } else { Mode::Eos(Duration::from_millis(100)) };
@@ -425,17 +433,7 @@ fn write(
         value[8..16].copy_from_slice(&seq.to_le_bytes());
         value[0..8].copy_from_slice(&now_us().to_le_bytes());
         let key = &keys[rng.random_range(0..keys.len())];
-        let mut record = BaseRecord::to(topic).key(key.as_str()).payload(value.as_slice());
-        loop {
-            match producer.send(record) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    record = back;
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                Err((e, _)) => return Err(e).context("producing an input record"),
-            }
-        }
+        raw::send(&producer, BaseRecord::to(topic).key(key.as_bytes()).payload(value.as_slice()))
     };
     for _ in 0..WARMUP {
         send(WARM, &mut value)?;

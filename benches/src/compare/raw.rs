@@ -157,8 +157,11 @@ pub fn run(p: &Pipe<'_>) -> anyhow::Result<Measurement> {
     Ok(Measurement { records: p.records, elapsed, first_record: first_record.unwrap_or_default(), cpu })
 }
 
-/// Queues one output, waiting while the producer's queue is full.
-fn send(producer: &ThreadedProducer<Deliveries>, mut record: BaseRecord<'_, [u8], [u8]>) -> anyhow::Result<()> {
+/// Queues one record, waiting while the producer's queue is full (also the `latency` writer's).
+pub fn send<C: ProducerContext<DeliveryOpaque = ()>>(
+    producer: &ThreadedProducer<C>,
+    mut record: BaseRecord<'_, [u8], [u8]>,
+) -> anyhow::Result<()> {
     loop {
         match producer.send(record) {
             Ok(()) => return Ok(()),
@@ -166,7 +169,7 @@ fn send(producer: &ThreadedProducer<Deliveries>, mut record: BaseRecord<'_, [u8]
                 record = back; // the producer's thread is delivering: give it a moment
                 std::thread::sleep(Duration::from_micros(200));
             }
-            Err((e, _)) => return Err(e).context("producing an output"),
+            Err((e, _)) => return Err(e).context("producing a record"),
         }
     }
 }
