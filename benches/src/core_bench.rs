@@ -283,7 +283,7 @@ pub(crate) fn drain_raw(d: &RawDrain<'_>) -> anyhow::Result<Measurement> {
         }
     }
     let (elapsed, cpu) = clock.stop();
-    Ok(Measurement { records, elapsed, first_record: first_record.unwrap_or_default(), cpu })
+    Ok(Measurement { records, elapsed, first_record: first_record.unwrap_or_default(), cpu, warm: None })
 }
 
 /// Millrace's side: does nothing with each record (also the `dedup` benchmark's processor).
@@ -349,7 +349,7 @@ async fn run_millrace(plan: &Plan, group: &str) -> anyhow::Result<(Measurement, 
         end.running_peak,
         end.commits,
     );
-    Ok((Measurement { records, elapsed, first_record: first_record.unwrap_or_default(), cpu }, note))
+    Ok((Measurement { records, elapsed, first_record: first_record.unwrap_or_default(), cpu, warm: None }, note))
 }
 
 /// What the 2 ms checks of the Millrace side saw, to explain its throughput: how often backpressure

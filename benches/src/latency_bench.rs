@@ -390,8 +390,8 @@ async fn run_one(
         }
         Workload::FAlos | Workload::FEos100 => {
             let mode = if workload == Workload::FAlos { Mode::Alos } else { Mode::Eos(Duration::from_millis(100)) };
-            let run =
-                millrace_side::Run { bootstrap, input: &input, output: &output, group: &group, records, timeout, mode };
+            let (input, output, group) = (input.as_str(), output.as_str(), group.as_str());
+            let run = millrace_side::Run { bootstrap, input, output, group, records, timeout, mode, warmup: 0 };
             millrace_side::run(&run).await.map(drop).map_err(|e| match e {
                 millrace_side::NotRun::Unavailable(why) => anyhow::anyhow!("not available: {why}"),
                 millrace_side::NotRun::Failed(e) => e,

@@ -113,6 +113,33 @@ pub struct Measurement {
     pub first_record: Duration,
     /// Process CPU time over `elapsed`.
     pub cpu: Duration,
+    /// The run's warm window, where it has one (see [`Window`]).
+    pub warm: Option<Window>,
+}
+
+/// The end of a run, from the moment a number of warm-up records had been processed: what a run
+/// measures once a JIT (Kafka Streams' JVM) has compiled the hot path, and the same for the Rust
+/// sides, so that the two are compared over the same share of the input.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    /// Records in the window (the run's, less the warm-up).
+    pub records: u64,
+    /// Wall-clock time from the warm-up's end to the run's.
+    pub elapsed: Duration,
+    /// Process CPU time over `elapsed`.
+    pub cpu: Duration,
+}
+
+impl Window {
+    /// Records per second in the window.
+    pub fn rps(&self) -> f64 {
+        self.records as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// CPU seconds per million records in the window.
+    pub fn cpu_s_per_m(&self) -> f64 {
+        self.cpu.as_secs_f64() / self.records as f64 * 1e6
+    }
 }
 
 /// The headers of [`Measurement::columns`], aligned with them.
@@ -151,6 +178,16 @@ impl Measurement {
     /// CPU seconds per million records.
     pub fn cpu_s_per_m(&self) -> f64 {
         self.cpu.as_secs_f64() / self.records as f64 * 1e6
+    }
+
+    /// Records per second in the warm window (NaN without one).
+    pub fn warm_rps(&self) -> f64 {
+        self.warm.map_or(f64::NAN, |w| w.rps())
+    }
+
+    /// CPU seconds per million records in the warm window (NaN without one).
+    pub fn warm_cpu_s_per_m(&self) -> f64 {
+        self.warm.map_or(f64::NAN, |w| w.cpu_s_per_m())
     }
 }
 

@@ -6,7 +6,7 @@
 //! every input record is done (checked every 2 ms), like `core`'s Millrace side; pipeline construction
 //! and the graceful stop are not timed.
 
-use crate::measure::{Measurement, Stopwatch};
+use crate::measure::{Measurement, Stopwatch, Window};
 use anyhow::Context as _;
 use millrace::{
     Context, DedupConfig, ExactlyOnce, OutputRecord, Pipeline, PipelineConfig, ProcessError, Processor, Record,
@@ -98,6 +98,8 @@ pub struct Run<'a> {
     pub records: u64,
     pub timeout: Duration,
     pub mode: Mode<'a>,
+    /// Records processed before the warm window starts (see [`Window`]).
+    pub warmup: u64,
 }
 
 /// The configuration of an exactly-once pipeline that commits a Kafka transaction (outputs plus the
@@ -147,6 +149,7 @@ pub async fn run(r: &Run<'_>) -> Result<(Measurement, String), NotRun> {
     let clock = Stopwatch::start();
     let mut running = tokio::spawn(pipeline.run());
     let mut first_record = None;
+    let mut warm_start = None;
     let (elapsed, cpu, end) = loop {
         let s = stats.snapshot();
         if done_when(r.mode, &s, r.records) {
@@ -155,6 +158,10 @@ pub async fn run(r: &Run<'_>) -> Result<(Measurement, String), NotRun> {
         }
         if first_record.is_none() && s.polled > 0 {
             first_record = Some(clock.elapsed());
+        }
+        let handled = s.processed + s.dedup_hits + s.dead_lettered;
+        if warm_start.is_none() && handled >= r.warmup {
+            warm_start = Some((clock.stop(), handled));
         }
         if running.is_finished() {
             let outcome = (&mut running).await.context("joining the pipeline")?;
@@ -190,7 +197,13 @@ pub async fn run(r: &Run<'_>) -> Result<(Measurement, String), NotRun> {
         "in flight peak {}, running peak {}, {} commits, {} dedup hits, {} dead-lettered",
         end.in_flight_peak, end.running_peak, end.commits, end.dedup_hits, end.dead_lettered
     );
-    let m = Measurement { records: r.records, elapsed, first_record: first_record.unwrap_or_default(), cpu };
+    // The window counts the records handled after its start (the check runs every 2 ms, so the
+    // start is up to that late); a run whose warm-up ended between its last two checks has none.
+    let warm =
+        warm_start.filter(|&((at, _), handled)| at < elapsed && handled < r.records).map(|((at, cpu_at), handled)| {
+            Window { records: r.records - handled, elapsed: elapsed - at, cpu: cpu.saturating_sub(cpu_at) }
+        });
+    let m = Measurement { records: r.records, elapsed, first_record: first_record.unwrap_or_default(), cpu, warm };
     Ok((m, note))
 }
 

@@ -57,8 +57,11 @@ pub const POISON_EVERY: u64 = 100;
 /// The header carrying each record's idempotency key (the dedup store's default).
 pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 /// Records of the default size per run, and with `--quick`.
-const RECORDS: u64 = 100_000;
+const RECORDS: u64 = 1_000_000;
 const QUICK_RECORDS: u64 = 20_000;
+/// The warm window of the Millrace and Kafka Streams runs starts after 1/WARMUP_SHARE of the records
+/// (see [`crate::measure::Window`]).
+pub const WARMUP_SHARE: u64 = 5;
 /// Pause between runs, so that the previous run's clients are fully gone before the next starts.
 const SETTLE: Duration = Duration::from_millis(500);
 
@@ -275,8 +278,9 @@ async fn run_one(
         .context("the duplicates topic was not loaded")?;
     let records = size.load.records;
     let (bootstrap, timeout) = (plan.bootstrap.as_str(), plan.run_timeout);
+    let warmup = records / WARMUP_SHARE;
     let millrace =
-        |mode| millrace_side::Run { bootstrap, input, output: &output, group: &group, records, timeout, mode };
+        |mode| millrace_side::Run { bootstrap, input, output: &output, group: &group, records, timeout, mode, warmup };
     let pipe = |transactions: Option<Duration>| {
         let (bootstrap, input, output, group) = (bootstrap.to_owned(), input.to_owned(), output.clone(), group.clone());
         tokio::task::spawn_blocking(move || {
@@ -306,6 +310,7 @@ async fn run_one(
                 timeout,
                 guarantee,
                 commit_interval,
+                warmup,
             })
         })
     };

@@ -7,6 +7,9 @@ use crate::core_bench::load_average;
 use crate::measure::{Measurement, Summary};
 use std::collections::BTreeSet;
 
+/// One figure of a run.
+type Figure = fn(&Measurement) -> f64;
+
 pub(super) fn print_header(plan: &Plan) {
     let sizes: Vec<String> =
         plan.sizes.iter().map(|s| format!("{} records x {} B", s.load.records, s.load.value_size)).collect();
@@ -67,6 +70,11 @@ pub(super) fn report(plan: &Plan, results: &Results) -> usize {
             let cpu = Summary::of(runs.iter().map(|d| d.m.cpu_s_per_m()));
             let process =
                 Summary::of(runs.iter().filter_map(|d| Some(d.process_cpu?.as_secs_f64() / d.m.records as f64 * 1e6)));
+            let warm = Summary::of(runs.iter().filter_map(|d| d.m.warm.map(|w| w.rps())));
+            let warm_cpu = Summary::of(runs.iter().filter_map(|d| d.m.warm.map(|w| w.cpu_s_per_m())));
+            let na = |s: Option<Summary>, digits: usize| {
+                s.map_or_else(|| "na".to_owned(), |s| format!("{:.digits$}", s.median))
+            };
             let status = if results.unavailable.contains_key(&w) {
                 "unavailable"
             } else if !failures.is_empty() {
@@ -88,7 +96,7 @@ pub(super) fn report(plan: &Plan, results: &Results) -> usize {
                     println!(
                         "RESULT compare-workload size={bytes} workload={} records={} runs={} rps={:.0} rps_min={:.0} \
                          rps_max={:.0} steady_rps={:.0} cpu_s_per_m={:.3} cpu_min={:.3} cpu_max={:.3} \
-                         process_cpu_s_per_m={} status={status}",
+                         process_cpu_s_per_m={} warm_rps={} warm_cpu_s_per_m={} status={status}",
                         w.slug(),
                         size.load.records,
                         runs.len(),
@@ -99,8 +107,13 @@ pub(super) fn report(plan: &Plan, results: &Results) -> usize {
                         c.median,
                         c.min,
                         c.max,
-                        process.map_or_else(|| "na".to_owned(), |p| format!("{:.3}", p.median)),
+                        na(process, 3),
+                        na(warm, 0),
+                        na(warm_cpu, 3),
                     );
+                    if let (Some(w), Some(c)) = (warm, warm_cpu) {
+                        println!("{:<15}  warm window: {:.0} records/s, {:.2} CPU s/M", "", w.median, c.median);
+                    }
                 }
                 _ => {
                     let why = results.unavailable.get(&w).cloned().or_else(|| failures.first().map(|f| f.to_string()));
@@ -115,13 +128,18 @@ pub(super) fn report(plan: &Plan, results: &Results) -> usize {
                 continue;
             }
             let (a, b) = (ok_runs(index, ratio.a), ok_runs(index, ratio.b));
-            let median = |runs: &[&Done], f: fn(&Measurement) -> f64| Summary::of(runs.iter().map(|d| f(&d.m)));
-            let (Some(ra), Some(rb), Some(ca), Some(cb)) = (
-                median(&a, Measurement::rps),
-                median(&b, Measurement::rps),
-                median(&a, Measurement::cpu_s_per_m),
-                median(&b, Measurement::cpu_s_per_m),
-            ) else {
+            let median = |runs: &[&Done], f: fn(&Measurement) -> f64| {
+                Summary::of(runs.iter().map(|d| f(&d.m)).filter(|v| !v.is_nan()))
+            };
+            // A warm ratio compares the warm windows (see `Ratio::warm`).
+            let (rps, cpu): (Figure, Figure) = if ratio.warm {
+                (Measurement::warm_rps, Measurement::warm_cpu_s_per_m)
+            } else {
+                (Measurement::rps, Measurement::cpu_s_per_m)
+            };
+            let (Some(ra), Some(rb), Some(ca), Some(cb)) =
+                (median(&a, rps), median(&b, rps), median(&a, cpu), median(&b, cpu))
+            else {
                 let missing: BTreeSet<String> = [ratio.a, ratio.b]
                     .into_iter()
                     .filter(|w| results.unavailable.contains_key(w) || ok_runs(index, *w).is_empty())
@@ -142,7 +160,8 @@ pub(super) fn report(plan: &Plan, results: &Results) -> usize {
                 .map_or(f64::NAN, |(x, y)| x.median / y.median);
             let cpu_ratio = ca.median / cb.median;
             // Per-round ratios: the runs of one round were back to back.
-            let per_round = Summary::of(a.iter().zip(&b).map(|(x, y)| x.m.rps() / y.m.rps())).expect("non-empty");
+            let per_round = Summary::of(a.iter().zip(&b).map(|(x, y)| rps(&x.m) / rps(&y.m)).filter(|v| !v.is_nan()))
+                .unwrap_or(Summary { median: f64::NAN, min: f64::NAN, max: f64::NAN });
             let verdict = match ratio.verdict(value, cpu_ratio) {
                 Some(true) => "met",
                 Some(false) => "not-met",

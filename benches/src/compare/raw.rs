@@ -154,7 +154,7 @@ pub fn run(p: &Pipe<'_>) -> anyhow::Result<Measurement> {
         let _ = consumer.commit_consumer_state(CommitMode::Sync);
     }
     tracing::debug!(transactions, "raw pipe done");
-    Ok(Measurement { records: p.records, elapsed, first_record: first_record.unwrap_or_default(), cpu })
+    Ok(Measurement { records: p.records, elapsed, first_record: first_record.unwrap_or_default(), cpu, warm: None })
 }
 
 /// Queues one record, waiting while the producer's queue is full (also the `latency` writer's).

@@ -1,15 +1,16 @@
 //! The Kafka Streams peer, run as a child process: `benches/streams-peer` (built by `scripts/bench`
 //! with `mvn -q package`) drains the input topic through a pass-through topology with one stream thread
-//! and prints one `STREAMS key=value …` line (see its `StreamsPeer.java`).
+//! per core (`--threads`) and prints one `STREAMS key=value …` line (see its `StreamsPeer.java`).
 //!
 //! Its throughput and CPU seconds are those of its own timed window (from `KafkaStreams.start()` until
 //! every output is visible: acknowledged for at_least_once, committed for exactly_once_v2), measured by
 //! the JVM itself, so JVM start-up is left out as pipeline construction is for Millrace. The whole
 //! process's CPU time (start-up, JIT and shutdown included) is taken from `getrusage(RUSAGE_CHILDREN)`
-//! once the child is reaped, and reported beside it.
+//! once the child is reaped, and reported beside it. Its warm window (from the moment the topology has
+//! seen `warmup` records to the end) is measured the same way and compared with Millrace's own.
 
 use super::millrace_side::NotRun;
-use crate::measure::{Measurement, children_cpu};
+use crate::measure::{Measurement, Window, children_cpu};
 use anyhow::Context as _;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -30,6 +31,8 @@ pub struct Peer<'a> {
     /// `at_least_once` or `exactly_once_v2`.
     pub guarantee: &'a str,
     pub commit_interval: Duration,
+    /// Records processed before the warm window starts.
+    pub warmup: u64,
 }
 
 /// Runs the peer; returns its measurement, a note, and the whole process's CPU time.
@@ -49,6 +52,7 @@ pub fn run(p: &Peer<'_>) -> Result<(Measurement, String, Duration), NotRun> {
         .args(["--bootstrap", p.bootstrap, "--input", p.input, "--output", p.output])
         .args(["--records", &p.records.to_string(), "--guarantee", p.guarantee])
         .args(["--commit-interval-ms", &p.commit_interval.as_millis().to_string()])
+        .args(["--warmup-records", &p.warmup.to_string()])
         .args(["--application-id", p.group, "--timeout-s", &p.timeout.as_secs().to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -79,14 +83,28 @@ pub fn run(p: &Peer<'_>) -> Result<(Measurement, String, Duration), NotRun> {
         let v: f64 = fields.get(name).with_context(|| format!("no {name} in {line:?}"))?.parse()?;
         Ok(Duration::from_secs_f64(v.max(0.0)))
     };
+    let field = |name: &str| fields.get(name).copied().unwrap_or("?");
+    let warm = Window {
+        records: field("warm_records").parse().with_context(|| format!("no warm_records in {line:?}"))?,
+        elapsed: secs("warm_elapsed_s")?,
+        cpu: secs("warm_cpu_s")?,
+    };
     let m = Measurement {
         records: p.records,
         elapsed: secs("elapsed_s")?,
         first_record: secs("first_record_s")?,
         cpu: secs("cpu_s")?,
+        warm: Some(warm),
     };
     let note = format!(
-        "JVM process CPU {:.2} s in all ({:.2} s/M records; start-up, JIT and shutdown included)",
+        "{} stream threads, linger.ms {}, batch.size {}; warm (after {} records) {:.0} records/s, {:.2} CPU s/M; \
+         JVM process CPU {:.2} s in all ({:.2} s/M records; start-up, JIT and shutdown included)",
+        field("threads"),
+        field("linger_ms"),
+        field("batch_size"),
+        p.warmup,
+        warm.rps(),
+        warm.cpu_s_per_m(),
         whole_cpu.as_secs_f64(),
         whole_cpu.as_secs_f64() / p.records as f64 * 1e6
     );

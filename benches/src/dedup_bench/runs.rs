@@ -169,7 +169,7 @@ async fn timed_run(
     .await?;
     let (first_done, done_at_first) = first_done.unwrap_or_default();
     let Driven { elapsed, cpu, at_done: end, machine_busy, broker_cpu, .. } = driven;
-    let m = Measurement { records, elapsed, first_record: first_done, cpu };
+    let m = Measurement { records, elapsed, first_record: first_done, cpu, warm: None };
     let run = Run { workload, side, m, first_done, done_at_first, end, machine_busy, broker_cpu };
     let mut note = format!(
         "paused {:.0}% of the time ({} episodes), in flight mean {:.0} (peak {}), running peak {}, {} commits; \
