@@ -22,6 +22,10 @@ from collections import Counter
 
 # (concern, pattern over one frame). Names are Rust paths as perf resolves them from the
 # debug info (the dev profile keeps line tables), C functions by name.
+# An allocator's own frames: mimalloc's, glibc's and Rust's allocation shims.
+ALLOCATION = (r"^(_?mi_|malloc|free|cfree|realloc|calloc|__rust_alloc|__rust_dealloc|__rust_realloc|"
+              r"__rdl_)")
+
 CONCERNS = [
     ("poll loop (consumer thread)", r"millrace::poll::"),
     ("librdkafka consumer poll", r"BaseConsumer<C>::poll_queue|rd_kafka_consume|rd_kafka_q_serve"),
@@ -34,8 +38,7 @@ CONCERNS = [
     ("acknowledgements", r"millrace::context::Context::acknowledged|DeliveryFuture|rd_kafka_dr_|oneshot"),
     ("offset tracking", r"millrace::state::offsets|millrace::state::pending"),
     ("commit path", r"millrace::commit::|rd_kafka_commit|send_offsets_to_transaction"),
-    ("allocation (malloc/free)", r"^(_?mi_|malloc|free|cfree|realloc|calloc|__rust_alloc|__rust_dealloc|"
-     r"__rust_realloc|__rdl_)"),
+    ("allocation (malloc/free)", ALLOCATION),
     ("memcpy, memmove", r"mem(move|cpy)"),
     ("page faults", r"asm_exc_page_fault|clear_page"),
     ("syscalls", r"entry_SYSCALL"),
@@ -43,7 +46,7 @@ CONCERNS = [
 
 LEAVES = [
     ("kernel", r"_\[k\]$"),
-    ("allocation", CONCERNS[11][1]),
+    ("allocation", ALLOCATION),
     ("memcpy, memmove", r"mem(move|cpy)"),
     ("librdkafka (C)", r"^(rd_|rd_kafka)"),
     ("tokio", r"^(<)?tokio::"),

@@ -21,6 +21,7 @@ pub(crate) fn client_creation(which: &'static str) -> impl Fn(KafkaError) -> Err
 }
 
 pub(crate) fn consumer_config(config: &PipelineConfig) -> ClientConfig {
+    let prefetch = prefetch(&config.bounds);
     let mut c = ClientConfig::new();
     c.set("partition.assignment.strategy", "cooperative-sticky")
         .set("auto.offset.reset", "earliest")
@@ -29,8 +30,8 @@ pub(crate) fn consumer_config(config: &PipelineConfig) -> ClientConfig {
         // full, which a busy pipeline hits constantly.
         .set("fetch.queue.backoff.ms", "20")
         // librdkafka's prefetch, sized from the in-flight bounds (see `prefetch`).
-        .set("queued.min.messages", prefetch(&config.bounds).records.to_string())
-        .set("queued.max.messages.kbytes", prefetch(&config.bounds).kbytes.to_string())
+        .set("queued.min.messages", prefetch.records.to_string())
+        .set("queued.max.messages.kbytes", prefetch.kbytes.to_string())
         // Feeds the stall watchdog (`watchdog`).
         .set("statistics.interval.ms", statistics_interval(config.stall_timeout).as_millis().to_string());
     for (k, v) in config.kafka.iter().chain(&config.consumer) {
